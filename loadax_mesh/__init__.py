@@ -1,0 +1,58 @@
+"""loadax_mesh: a JAX-native hybrid (ICI x DCN) device-mesh planner.
+
+Every public name loads lazily (PEP 562), so planning for simulated hardware never imports jax.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "MeshConfigError": "errors",
+    "MeshShape": "shapes",
+    "HybridMeshShape": "shapes",
+    "infer_mesh_shape": "shapes",
+    "match_regex_rules": "rules",
+    "MeshConfig": "config",
+    "MeshPlan": "plan",
+    "plan_mesh": "plan",
+    "create_device_mesh": "plan",
+    "simulate_devices": "hardware",
+    "detect_hardware": "hardware",
+    "list_presets": "presets",
+    "shard_batch": "batch",
+    "host_batch_slice": "batch",
+    "HostBatchSlice": "batch",
+    "axis_groups": "groups",
+    "process_groups": "groups",
+    "submesh": "groups",
+    "flatten_axes": "groups",
+    "coordinate": "groups",
+}
+
+__all__ = sorted(_PUBLIC)
+
+if TYPE_CHECKING:
+    from .batch import HostBatchSlice, host_batch_slice, shard_batch
+    from .config import MeshConfig
+    from .errors import MeshConfigError
+    from .groups import axis_groups, coordinate, flatten_axes, process_groups, submesh
+    from .hardware import detect_hardware, simulate_devices
+    from .plan import MeshPlan, create_device_mesh, plan_mesh
+    from .presets import list_presets
+    from .rules import match_regex_rules
+    from .shapes import HybridMeshShape, MeshShape, infer_mesh_shape
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loadax_mesh' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return [*__all__, "__version__"]
