@@ -1,0 +1,143 @@
+"""MeshPlan: the planner's answer, and the functions that compute it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .devices import DeviceTable, GranuleSpec, granule_keys, read_devices
+from .errors import MeshConfigError
+from .quality import AxisQuality, axis_quality
+from .shapes import HybridMeshShape, MeshShape, resolve_hybrid, split_mesh_shape
+from .solver.hybrid import Layout, granule_sizes, layout_devices
+
+if TYPE_CHECKING:
+    import jax
+
+
+@dataclass(frozen=True, eq=False)
+class MeshPlan:
+    """A device grid with its ICI/DCN split, ready to become a `jax.sharding.Mesh`."""
+
+    axis_names: tuple[str, ...]
+    ici_mesh_shape: tuple[int, ...]
+    dcn_mesh_shape: tuple[int, ...]
+    devices: np.ndarray  # object array of devices, shaped like the mesh
+    granule_kind: str  # "slice", "process", "none" or "custom"
+    hardware: str | None
+    batch_axis_names: tuple[str, ...]
+    layout: Layout = field(repr=False)
+    table: DeviceTable = field(repr=False)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """Axis name -> size."""
+        return dict(zip(self.axis_names, self.devices.shape, strict=True))
+
+    @property
+    def num_granules(self) -> int:
+        return self.layout.num_granules
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The product of the batch axes' sizes: how many distinct batch shards there are."""
+        return math.prod(self.shape[a] for a in self.batch_axis_names)
+
+    def to_jax_mesh(self, axis_types: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+        """The plan as a `jax.sharding.Mesh` (needs real jax devices)."""
+        import jax
+
+        if axis_types is not None:
+            types = tuple(axis_types) if isinstance(axis_types, list | tuple) else None
+            if types is None or len(types) != len(self.axis_names) or not all(
+                isinstance(t, jax.sharding.AxisType) for t in types
+            ):
+                raise MeshConfigError(
+                    f"axis_types={axis_types!r}; accepted: None or a tuple of "
+                    f"{len(self.axis_names)} jax.sharding.AxisType values"
+                )
+            return jax.sharding.Mesh(self.devices, self.axis_names, axis_types=types)
+        return jax.sharding.Mesh(self.devices, self.axis_names)
+
+    @cached_property
+    def _quality(self) -> dict[str, AxisQuality]:
+        return axis_quality(self.layout, self.table.coords, self.axis_names, self.dcn_mesh_shape)
+
+    def quality(self) -> dict[str, AxisQuality]:
+        """Per axis: ICI ring steps, hops, efficiency and DCN crossings (DESIGN.md section 5)."""
+        return dict(self._quality)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data; `devices` as nested lists of device ids."""
+        return {
+            "axis_names": list(self.axis_names),
+            "ici_mesh_shape": list(self.ici_mesh_shape),
+            "dcn_mesh_shape": list(self.dcn_mesh_shape),
+            "shape": self.shape,
+            "devices": self.table.ids[self.layout.index].tolist(),
+            "granule_kind": self.granule_kind,
+            "hardware": self.hardware,
+            "batch_axis_names": list(self.batch_axis_names),
+            "quality": {name: q.to_dict() for name, q in self._quality.items()},
+        }
+
+    def describe(self) -> str:
+        """The plan as text: what `loadax-mesh plan` prints."""
+        from .render import render_text
+
+        return render_text(self)
+
+
+def _generic_names(n: int) -> tuple[str, ...]:
+    return tuple(f"axis{i}" for i in range(n))
+
+
+def plan_mesh(mesh_shape: MeshShape | HybridMeshShape | Sequence[int],
+              devices: Sequence[Any] | None = None, *, axis_names: Sequence[str],
+              batch_axis_names: str | Sequence[str] = "data", granule: GranuleSpec = "auto",
+              hardware: str | None = None) -> MeshPlan:
+    """Plan a mesh of `mesh_shape` over `devices` (default `jax.devices()`)."""
+    from .config import MeshConfig
+
+    config = MeshConfig(mesh_shape, tuple(axis_names), batch_axis_names)  # validates
+    return _plan(config, devices, granule=granule, hardware=hardware)
+
+
+def create_device_mesh(mesh_shape: MeshShape | HybridMeshShape | Sequence[int],
+                       devices: Sequence[Any] | None = None, *, granule: GranuleSpec = "auto"
+                       ) -> np.ndarray:
+    """The device array alone, as `mesh_utils.create_device_mesh` and AXLearn return it."""
+    n = len(mesh_shape)
+    names = _generic_names(n)
+    return plan_mesh(mesh_shape, devices, axis_names=names, batch_axis_names=names[0],
+                     granule=granule).devices
+
+
+def _plan(config: Any, devices: Sequence[Any] | None, *, granule: GranuleSpec,
+          hardware: str | None) -> MeshPlan:
+    if devices is None:
+        import jax
+
+        devices = jax.devices()
+    table = read_devices(devices)
+    granule_ids, kind = granule_keys(table, granule)
+    num_granules, per_granule = granule_sizes(granule_ids)
+    shape = config.mesh_shape
+    if isinstance(shape, HybridMeshShape):
+        hybrid = resolve_hybrid(shape, num_granules=num_granules, granule_size=per_granule)
+    else:
+        hybrid = split_mesh_shape(shape, num_devices=len(table), num_granules=num_granules)
+    layout = layout_devices(table, granule_ids, hybrid)
+    batch = config.batch_axis_names
+    return MeshPlan(
+        axis_names=config.mesh_axis_names, ici_mesh_shape=hybrid.ici_mesh_shape,
+        dcn_mesh_shape=hybrid.dcn_mesh_shape, devices=table.devices[layout.index],
+        granule_kind=kind, hardware=hardware,
+        batch_axis_names=(batch,) if isinstance(batch, str) else tuple(batch),
+        layout=layout, table=table,
+    )

@@ -1,0 +1,1 @@
+"""Device ordering: torus rings inside a granule (torus.py), granules into a mesh (hybrid.py)."""

@@ -1,0 +1,101 @@
+"""Granules and DCN assembly: from a device table and a resolved hybrid shape to a device grid.
+
+Along mesh axis `i` a device's index is `dcn_index * ici[i] + ici_index`: the granule is the
+major part, as in `jax.experimental.mesh_utils.create_hybrid_device_mesh`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..devices import DeviceTable
+from ..errors import MeshConfigError
+from ..shapes import HybridMeshShape
+from .torus import order_torus
+
+
+@dataclass(frozen=True, eq=False)
+class Torus:
+    """The physical ICI graph of one TPU granule (every granule has the same one)."""
+
+    chip_shape: tuple[int, ...]
+    wrap: tuple[bool, ...]
+    cores_per_chip: int
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Where every device sits: `index` is mesh-shaped and holds rows of the device table."""
+
+    index: np.ndarray
+    granule: np.ndarray  # per table row, its granule number (sorted key order)
+    num_granules: int
+    torus: Torus | None
+
+
+def granule_sizes(granule: np.ndarray) -> tuple[int, int]:
+    """(number of granules, devices per granule); unequal granules are an error."""
+    counts = np.bincount(granule)
+    if counts.min() != counts.max():
+        raise MeshConfigError(
+            f"granules hold different numbers of devices ({sorted(set(counts.tolist()))}); "
+            "accepted: granules of equal size (choose granule='none' or a callable)"
+        )
+    return len(counts), int(counts[0])
+
+
+def layout_devices(table: DeviceTable, granule: np.ndarray, shape: HybridMeshShape) -> Layout:
+    """Order the devices of every granule along the ICI shape and assemble the DCN grid."""
+    num_granules, per_granule = granule_sizes(granule)
+    ici, dcn = shape.ici_mesh_shape, shape.dcn_mesh_shape
+    if math.prod(dcn) != num_granules or math.prod(ici) != per_granule:
+        raise MeshConfigError(
+            f"{shape} needs {math.prod(dcn)} granules of {math.prod(ici)} devices but the devices "
+            f"form {num_granules} granules of {per_granule}"
+        )
+    torus = None
+    members = None
+    if table.coords is not None:
+        torus, members = _torus_members(table, granule, num_granules, ici)
+    if members is None:
+        members = np.lexsort((table.ids, table.process_index, granule)).reshape(num_granules, -1)
+    return Layout(assemble(members, ici, dcn), granule, num_granules, torus)
+
+
+def assemble(members: np.ndarray, ici: tuple[int, ...], dcn: tuple[int, ...]) -> np.ndarray:
+    """`members[g]` holds granule g's devices in ICI order; lay granules out on the DCN grid."""
+    n = len(ici)
+    grid = members.reshape(*dcn, *ici)
+    interleave = [k for i in range(n) for k in (i, n + i)]
+    return grid.transpose(interleave).reshape([d * c for d, c in zip(dcn, ici, strict=True)])
+
+
+def _torus_members(table: DeviceTable, granule: np.ndarray, num_granules: int,
+                   ici: tuple[int, ...]) -> tuple[Torus | None, np.ndarray | None]:
+    """Each granule's devices in torus-ring order, or (None, None) if the chips form no box."""
+    from ..hardware import wraparound
+
+    assert table.coords is not None and table.core_on_chip is not None
+    by_granule = np.argsort(granule, kind="stable").reshape(num_granules, -1)
+    coords = table.coords[by_granule]  # (G, n, d)
+    cores = table.core_on_chip[by_granule]
+    origin = coords.min(axis=1, keepdims=True)
+    local = coords - origin
+    chip_shape = tuple(int(x) + 1 for x in local.max(axis=(0, 1)))
+    if not (local.max(axis=1) == np.array(chip_shape) - 1).all():
+        return None, None  # granules of different chip shapes
+    cores_per_chip = int(cores.max()) + 1
+    full = (*chip_shape, cores_per_chip)
+    if math.prod(full) != by_granule.shape[1]:
+        return None, None  # holes: the chips do not fill a box
+    position = np.ravel_multi_index((*np.moveaxis(local, -1, 0), cores), full)
+    slots = np.full_like(by_granule, -1)
+    np.put_along_axis(slots, position, by_granule, axis=1)
+    if (slots < 0).any():
+        return None, None  # two devices at one position
+    wrap = wraparound(table.device_kind, chip_shape)
+    order = order_torus(chip_shape, ici, wrap=wrap, cores_per_chip=cores_per_chip)
+    return Torus(chip_shape, wrap, cores_per_chip), slots[:, order.ravel()]
