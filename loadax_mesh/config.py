@@ -59,8 +59,11 @@ class MeshConfig:
         names = _check_names(self.mesh_axis_names, field="mesh_axis_names")
         object.__setattr__(self, "mesh_axis_names", names)
         shape = self.mesh_shape
-        shape = self._first_axis_shape() if shape is None else _check_value(
-            shape, field="mesh_shape", num_axes=len(names))
+        shape = (
+            self._first_axis_shape()
+            if shape is None
+            else _check_value(shape, field="mesh_shape", num_axes=len(names))
+        )
         object.__setattr__(self, "mesh_shape", shape)
         batch = _check_names(self.batch_axis_names, field="batch_axis_names")
         unknown = [b for b in batch if b not in names]
@@ -83,11 +86,15 @@ class MeshConfig:
         checked = []
         for i, rule in enumerate(rules):
             if not isinstance(rule, tuple | list) or len(rule) != 2:
-                raise MeshConfigError(
-                    f"mesh_rules[{i}]={rule!r} is not a (regex, shape) pair")
+                raise MeshConfigError(f"mesh_rules[{i}]={rule!r} is not a (regex, shape) pair")
             regex = check_regex(rule[0], field=f"mesh_rules[{i}][0]")
-            value = None if rule[1] is None else _check_value(
-                rule[1], field=f"mesh_rules[{i}][1]", num_axes=len(self.mesh_axis_names))
+            value = (
+                None
+                if rule[1] is None
+                else _check_value(
+                    rule[1], field=f"mesh_rules[{i}][1]", num_axes=len(self.mesh_axis_names)
+                )
+            )
             checked.append((regex, value))
         return tuple(checked)
 
@@ -102,12 +109,19 @@ class MeshConfig:
         shape = self._first_axis_shape() if value is None else value
         return MeshConfig(shape, self.mesh_axis_names, self.batch_axis_names, self.mesh_rules)
 
-    def plan(self, devices: Sequence[Any] | None = None, *, selector: str | None = None,
-             granule: GranuleSpec = "auto") -> MeshPlan:
+    def plan(
+        self,
+        devices: Sequence[Any] | None = None,
+        *,
+        selector: str | None = None,
+        granule: GranuleSpec = "auto",
+    ) -> MeshPlan:
         """Plan over `devices` (default `jax.devices()`); rules pick the shape by `selector`,
         detected from the devices when not given."""
         from .plan import _plan
 
+        if selector is not None and not isinstance(selector, str):
+            raise MeshConfigError(f"selector={selector!r} is not a string such as 'tpu-v5p-512'")
         if devices is None:
             import jax
 
@@ -121,9 +135,14 @@ class MeshConfig:
             config = self.select(selector)
         return _plan(config, devices, granule=granule, hardware=selector)
 
-    def create_device_mesh(self, devices: Sequence[Any] | None = None, *,
-                           selector: str | None = None, granule: GranuleSpec = "auto",
-                           axis_types: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+    def create_device_mesh(
+        self,
+        devices: Sequence[Any] | None = None,
+        *,
+        selector: str | None = None,
+        granule: GranuleSpec = "auto",
+        axis_types: Sequence[Any] | None = None,
+    ) -> jax.sharding.Mesh:
         """The planned `jax.sharding.Mesh`."""
         return self.plan(devices, selector=selector, granule=granule).to_jax_mesh(axis_types)
 
@@ -145,8 +164,11 @@ class MeshConfig:
         """`P("data")` for one batch axis, `P(("data", "fsdp"))` for several, in mesh order."""
         from jax.sharding import PartitionSpec
 
-        batch = (self.batch_axis_names,) if isinstance(self.batch_axis_names, str) else (
-            self.batch_axis_names)
+        batch = (
+            (self.batch_axis_names,)
+            if isinstance(self.batch_axis_names, str)
+            else (self.batch_axis_names)
+        )
         ordered = tuple(a for a in self.mesh_axis_names if a in batch)
         return PartitionSpec(ordered[0] if len(ordered) == 1 else ordered)
 
@@ -166,8 +188,9 @@ class MeshConfig:
             "mesh_shape": _shape_to_data(self.mesh_shape),
             "mesh_axis_names": list(self.mesh_axis_names),
             "batch_axis_names": batch if isinstance(batch, str) else list(batch),
-            "mesh_rules": None if self.mesh_rules is None else [
-                [regex, _shape_to_data(value)] for regex, value in self.mesh_rules],
+            "mesh_rules": None
+            if self.mesh_rules is None
+            else [[regex, _shape_to_data(value)] for regex, value in self.mesh_rules],
         }
 
     @classmethod
@@ -190,7 +213,7 @@ class MeshConfig:
             mesh_shape=_shape_from_data(data.get("mesh_shape"), field="mesh_shape"),
             mesh_axis_names=data["mesh_axis_names"],
             batch_axis_names=data.get("batch_axis_names", "data"),
-            mesh_rules=rules,
+            mesh_rules=rules,  # type: ignore[arg-type]  # MeshConfig checks it
         )
 
     @classmethod
@@ -212,8 +235,10 @@ def _no_unknown(data: dict[str, Any], keys: Sequence[str], *, where: str) -> Non
 
 def _shape_to_data(shape: ShapeValue) -> Any:
     if isinstance(shape, HybridMeshShape):
-        return {"ici_mesh_shape": list(shape.ici_mesh_shape),
-                "dcn_mesh_shape": list(shape.dcn_mesh_shape)}
+        return {
+            "ici_mesh_shape": list(shape.ici_mesh_shape),
+            "dcn_mesh_shape": list(shape.dcn_mesh_shape),
+        }
     return None if shape is None else list(shape)
 
 

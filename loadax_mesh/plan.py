@@ -54,8 +54,10 @@ class MeshPlan:
 
         if axis_types is not None:
             types = tuple(axis_types) if isinstance(axis_types, list | tuple) else None
-            if types is None or len(types) != len(self.axis_names) or not all(
-                isinstance(t, jax.sharding.AxisType) for t in types
+            if (
+                types is None
+                or len(types) != len(self.axis_names)
+                or not all(isinstance(t, jax.sharding.AxisType) for t in types)
             ):
                 raise MeshConfigError(
                     f"axis_types={axis_types!r}; accepted: None or a tuple of "
@@ -97,10 +99,15 @@ def _generic_names(n: int) -> tuple[str, ...]:
     return tuple(f"axis{i}" for i in range(n))
 
 
-def plan_mesh(mesh_shape: MeshShape | HybridMeshShape | Sequence[int],
-              devices: Sequence[Any] | None = None, *, axis_names: Sequence[str],
-              batch_axis_names: str | Sequence[str] = "data", granule: GranuleSpec = "auto",
-              hardware: str | None = None) -> MeshPlan:
+def plan_mesh(
+    mesh_shape: MeshShape | HybridMeshShape | Sequence[int],
+    devices: Sequence[Any] | None = None,
+    *,
+    axis_names: Sequence[str],
+    batch_axis_names: str | Sequence[str] = "data",
+    granule: GranuleSpec = "auto",
+    hardware: str | None = None,
+) -> MeshPlan:
     """Plan a mesh of `mesh_shape` over `devices` (default `jax.devices()`)."""
     from .config import MeshConfig
 
@@ -108,18 +115,23 @@ def plan_mesh(mesh_shape: MeshShape | HybridMeshShape | Sequence[int],
     return _plan(config, devices, granule=granule, hardware=hardware)
 
 
-def create_device_mesh(mesh_shape: MeshShape | HybridMeshShape | Sequence[int],
-                       devices: Sequence[Any] | None = None, *, granule: GranuleSpec = "auto"
-                       ) -> np.ndarray:
+def create_device_mesh(
+    mesh_shape: MeshShape | HybridMeshShape | Sequence[int],
+    devices: Sequence[Any] | None = None,
+    *,
+    granule: GranuleSpec = "auto",
+) -> np.ndarray:
     """The device array alone, as `mesh_utils.create_device_mesh` and AXLearn return it."""
     n = len(mesh_shape)
     names = _generic_names(n)
-    return plan_mesh(mesh_shape, devices, axis_names=names, batch_axis_names=names[0],
-                     granule=granule).devices
+    return plan_mesh(
+        mesh_shape, devices, axis_names=names, batch_axis_names=names[0], granule=granule
+    ).devices
 
 
-def _plan(config: Any, devices: Sequence[Any] | None, *, granule: GranuleSpec,
-          hardware: str | None) -> MeshPlan:
+def _plan(
+    config: Any, devices: Sequence[Any] | None, *, granule: GranuleSpec, hardware: str | None
+) -> MeshPlan:
     if devices is None:
         import jax
 
@@ -135,9 +147,13 @@ def _plan(config: Any, devices: Sequence[Any] | None, *, granule: GranuleSpec,
     layout = layout_devices(table, granule_ids, hybrid)
     batch = config.batch_axis_names
     return MeshPlan(
-        axis_names=config.mesh_axis_names, ici_mesh_shape=hybrid.ici_mesh_shape,
-        dcn_mesh_shape=hybrid.dcn_mesh_shape, devices=table.devices[layout.index],
-        granule_kind=kind, hardware=hardware,
+        axis_names=config.mesh_axis_names,
+        ici_mesh_shape=hybrid.ici_mesh_shape,
+        dcn_mesh_shape=hybrid.dcn_mesh_shape,
+        devices=table.devices[layout.index],
+        granule_kind=kind,
+        hardware=hardware,
         batch_axis_names=(batch,) if isinstance(batch, str) else tuple(batch),
-        layout=layout, table=table,
+        layout=layout,
+        table=table,
     )

@@ -11,8 +11,9 @@ from .errors import MeshConfigError
 T = TypeVar("T")
 
 
-def match_regex_rules(selector: str, rules: Iterable[tuple[str, T]], *, default: Any = None
-                      ) -> T | Any:
+def match_regex_rules(
+    selector: str, rules: Iterable[tuple[str, T]], *, default: Any = None
+) -> T | Any:
     """The value of the first rule whose regex matches all of `selector`, else `default`."""
     if not isinstance(selector, str):
         raise MeshConfigError(f"selector={selector!r} is not a string such as 'tpu-v5p-512'")

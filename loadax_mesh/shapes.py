@@ -69,8 +69,9 @@ class HybridMeshShape:
         return len(self.ici_mesh_shape)
 
 
-def infer_mesh_shape(mesh_shape: Sequence[int], *, num_devices: int, field: str = "mesh_shape"
-                     ) -> MeshShape:
+def infer_mesh_shape(
+    mesh_shape: Sequence[int], *, num_devices: int, field: str = "mesh_shape"
+) -> MeshShape:
     """`mesh_shape` with its `-1` replaced so that the product equals `num_devices`.
 
     Without a `-1` the product must equal `num_devices` exactly: a mesh that uses fewer devices
@@ -95,23 +96,24 @@ def infer_mesh_shape(mesh_shape: Sequence[int], *, num_devices: int, field: str 
     return shape
 
 
-def resolve_hybrid(shape: HybridMeshShape, *, num_granules: int, granule_size: int
-                   ) -> HybridMeshShape:
+def resolve_hybrid(
+    shape: HybridMeshShape, *, num_granules: int, granule_size: int
+) -> HybridMeshShape:
     """Resolve both `-1`s: DCN against the granule count, ICI against devices per granule."""
-    dcn = infer_mesh_shape(shape.dcn_mesh_shape, num_devices=num_granules,
-                           field="dcn_mesh_shape")
-    ici = infer_mesh_shape(shape.ici_mesh_shape, num_devices=granule_size,
-                           field="ici_mesh_shape")
+    dcn = infer_mesh_shape(shape.dcn_mesh_shape, num_devices=num_granules, field="dcn_mesh_shape")
+    ici = infer_mesh_shape(shape.ici_mesh_shape, num_devices=granule_size, field="ici_mesh_shape")
     return HybridMeshShape(ici, dcn)
 
 
-def split_mesh_shape(mesh_shape: Sequence[int], *, num_devices: int, num_granules: int
-                     ) -> HybridMeshShape:
+def split_mesh_shape(
+    mesh_shape: Sequence[int], *, num_devices: int, num_granules: int
+) -> HybridMeshShape:
     """The default ICI/DCN split of a plain shape over `num_granules` equal granules.
 
-    Axis `i` takes `gcd(size_i, granules left)` granules, left to right. Where the first axis
-    larger than 1 divides by the granule count (AXLearn's rule) that axis takes them all; other
-    splits are logged as a warning, since a DCN factor on a later axis is usually slow.
+    Axis `i` takes `gcd(size_i, granules left)` granules, left to right; this always succeeds,
+    as the granule count divides the device count. Where the first axis larger than 1 divides
+    by the granule count (AXLearn's rule) that axis takes them all; other splits are logged as
+    a warning, since a DCN factor on a later axis is usually slow.
     """
     shape = infer_mesh_shape(mesh_shape, num_devices=num_devices)
     left = num_granules
@@ -120,18 +122,17 @@ def split_mesh_shape(mesh_shape: Sequence[int], *, num_devices: int, num_granule
         take = math.gcd(size, left)
         dcn.append(take)
         left //= take
-    if left != 1:
-        raise MeshConfigError(
-            f"mesh_shape={shape} cannot be split over {num_granules} granules of "
-            f"{num_devices // num_granules} devices: no axis sizes leave a whole number of "
-            f"granules per axis; give a HybridMeshShape(ici_mesh_shape, dcn_mesh_shape) instead"
-        )
+    # Per prime, gcd takes min(exponent on the axis, exponent still needed), so the granules
+    # always run out exactly: the granule count divides the device count.
+    assert left == 1, (shape, num_granules)
     hybrid = HybridMeshShape(tuple(s // d for s, d in zip(shape, dcn, strict=True)), tuple(dcn))
     first = next((s for s in shape if s > 1), 1)
     if num_granules > 1 and first % num_granules:
         _log.warning(
             "loadax_mesh: mesh_shape=%s over %d granules: the first axis larger than 1 does not "
             "divide by the granule count, so the DCN part is spread as %s",
-            shape, num_granules, hybrid,
+            shape,
+            num_granules,
+            hybrid,
         )
     return hybrid
