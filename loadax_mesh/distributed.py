@@ -1,0 +1,478 @@
+"""Multi-process jobs: a local launcher (`loadax-mesh launch`) and `initialize()` for children.
+
+`launch` starts N processes of one command, each told (through `LOADAX_MESH_*` environment
+variables) to join a `jax.distributed` job with K CPU devices and gloo collectives: what
+`torchrun --nproc_per_node` is to PyTorch, for developing multi-host code on one machine.
+The launcher only spawns and watches; it never imports jax. `initialize()` runs in a child
+(or on a real cluster, where it calls `jax.distributed.initialize()` unchanged).
+
+Run as `loadax-mesh launch ...` or `python -m loadax_mesh.distributed ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from .errors import MeshConfigError
+
+ENV_COORDINATOR = "LOADAX_MESH_COORDINATOR"
+ENV_NUM_PROCESSES = "LOADAX_MESH_NUM_PROCESSES"
+ENV_PROCESS_ID = "LOADAX_MESH_PROCESS_ID"
+ENV_DEVICES_PER_PROCESS = "LOADAX_MESH_DEVICES_PER_PROCESS"
+ENV_INIT_TIMEOUT = "LOADAX_MESH_INIT_TIMEOUT"
+
+DEFAULT_TIMEOUT = 600.0
+_STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL (jax catches SIGTERM for preemption)
+_POLL = 0.05
+_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
+_PREFIX = "loadax-mesh launch"
+
+
+# -- the child side ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LauncherEnv:
+    """What the launcher tells a child, read from its environment."""
+
+    coordinator: str
+    num_processes: int
+    process_id: int
+    devices_per_process: int
+    init_timeout: int | None
+
+
+def _env_int(env: Mapping[str, str], name: str, *, low: int) -> int:
+    raw = env.get(name)
+    if raw is None or not re.fullmatch(r"\d+", raw.strip()) or int(raw) < low:
+        raise MeshConfigError(
+            f"environment {name}={raw!r}; accepted: an integer >= {low} (set by "
+            f"`loadax-mesh launch`, next to {ENV_COORDINATOR})"
+        )
+    return int(raw)
+
+
+def launcher_env(env: Mapping[str, str] | None = None) -> LauncherEnv | None:
+    """The launcher's settings from `env` (default `os.environ`); None when not launched."""
+    env_map: Mapping[str, str] = os.environ if env is None else env
+    coordinator = env_map.get(ENV_COORDINATOR)
+    if coordinator is None:
+        return None
+    if not re.fullmatch(r"\S+:\d+", coordinator):
+        raise MeshConfigError(f"environment {ENV_COORDINATOR}={coordinator!r}; accepted: host:port")
+    num = _env_int(env_map, ENV_NUM_PROCESSES, low=1)
+    pid = _env_int(env_map, ENV_PROCESS_ID, low=0)
+    if pid >= num:
+        raise MeshConfigError(
+            f"environment {ENV_PROCESS_ID}={pid}; accepted: 0 to {num - 1} "
+            f"({ENV_NUM_PROCESSES}={num})"
+        )
+    devices = _env_int(env_map, ENV_DEVICES_PER_PROCESS, low=1)
+    timeout = _env_int(env_map, ENV_INIT_TIMEOUT, low=1) if ENV_INIT_TIMEOUT in env_map else None
+    return LauncherEnv(coordinator, num, pid, devices, timeout)
+
+
+def launched() -> bool:
+    """Whether this process was started by `loadax-mesh launch`."""
+    return ENV_COORDINATOR in os.environ
+
+
+def with_device_count(xla_flags: str, count: int) -> str:
+    """`xla_flags` with `--xla_force_host_platform_device_count` set to `count` (once)."""
+    rest = _COUNT_FLAG.sub("", xla_flags).split()
+    return " ".join([*rest, f"--xla_force_host_platform_device_count={count}"])
+
+
+def initialize(**kwargs: Any) -> None:
+    """Join the job: from the launcher's environment, or `jax.distributed.initialize(**kwargs)`
+    unchanged (TPU pods, SLURM, Kubernetes detect their own settings).
+
+    Under the launcher this sets K CPU devices and gloo CPU collectives, so it must run before
+    jax touches its devices; `kwargs` other than the coordinator, process count and process id
+    are passed on. An uncaught exception then ends the process at once (code 1) instead of
+    waiting in jax's shutdown barrier, so the launcher sees the failure and stops the others;
+    `sys.exit(n)` still goes through that barrier (jax's own behaviour).
+    """
+    import jax
+
+    settings = launcher_env()
+    if settings is None:
+        jax.distributed.initialize(**kwargs)
+        return
+    clash = sorted({"coordinator_address", "num_processes", "process_id"} & kwargs.keys())
+    if clash:
+        raise MeshConfigError(
+            f"initialize({', '.join(clash)}=...) under `loadax-mesh launch`, which sets them; "
+            "accepted: other jax.distributed.initialize arguments"
+        )
+    if _backends_initialized():
+        raise RuntimeError(
+            "loadax_mesh.distributed.initialize() must run before jax uses its devices (it sets "
+            "the CPU device count and collectives); call it first in the script"
+        )
+    os.environ["XLA_FLAGS"] = with_device_count(
+        os.environ.get("XLA_FLAGS", ""), settings.devices_per_process
+    )
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if settings.init_timeout is not None:
+        kwargs.setdefault("initialization_timeout", settings.init_timeout)
+    jax.distributed.initialize(
+        coordinator_address=settings.coordinator,
+        num_processes=settings.num_processes,
+        process_id=settings.process_id,
+        **kwargs,
+    )
+    sys.excepthook = _exit_at_once(sys.excepthook)
+
+
+def _exit_at_once(previous: Any) -> Any:
+    """An excepthook that reports the exception, then ends the process with code 1 at once.
+
+    Without it a failing child would wait in jax's shutdown barrier (an atexit handler) for
+    processes that may be blocked waiting for it, and the launcher would not see it fail.
+    """
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        previous(kind, value, tb)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+    return hook
+
+
+def _backends_initialized() -> bool:
+    try:
+        from jax._src import xla_bridge
+    except ImportError:  # private module moved: let jax.distributed report the problem
+        return False
+    check = getattr(xla_bridge, "backends_are_initialized", None)
+    return bool(check()) if check is not None else False
+
+
+# -- the launcher side ------------------------------------------------------------------------
+
+
+def _check_int(value: Any, *, field: str, low: int, high: int | None = None) -> int:
+    accepted = f"an int >= {low}" if high is None else f"an int from {low} to {high}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MeshConfigError(f"{field}={value!r}; accepted: {accepted}")
+    if value < low or (high is not None and value > high):
+        raise MeshConfigError(f"{field}={value}; accepted: {accepted}")
+    return value
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free on `host` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on `host:port` (as the jax coordinator will)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def child_env(
+    base: Mapping[str, str],
+    *,
+    index: int,
+    nprocs: int,
+    devices_per_process: int,
+    coordinator: str,
+    init_timeout: int,
+) -> dict[str, str]:
+    """The environment of child `index`: the launcher's settings, K CPU devices, unbuffered."""
+    env = dict(base)
+    env.update(
+        {
+            ENV_COORDINATOR: coordinator,
+            ENV_NUM_PROCESSES: str(nprocs),
+            ENV_PROCESS_ID: str(index),
+            ENV_DEVICES_PER_PROCESS: str(devices_per_process),
+            ENV_INIT_TIMEOUT: str(init_timeout),
+            "XLA_FLAGS": with_device_count(env.get("XLA_FLAGS", ""), devices_per_process),
+            "JAX_PLATFORMS": "cpu",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def _death_signal() -> Any:
+    """A function to run in the child before exec (Linux): it makes the child get SIGKILL
+    when the launcher dies, however it dies. Looked up here, in the parent, so the child
+    between fork and exec only makes one C call."""
+    if sys.platform != "linux":
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def _pump(stream: IO[bytes], out: IO[str], prefix: str, lock: threading.Lock) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        with lock:
+            out.write(prefix + (line if line.endswith("\n") else line + "\n"))
+            out.flush()
+    stream.close()
+
+
+class _Stop(Exception):
+    """The launcher itself was asked to stop (SIGTERM)."""
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop
+
+
+def _stop(procs: dict[int, subprocess.Popen[bytes]]) -> list[int]:
+    """Stop every child still running (SIGTERM to its process group, then SIGKILL)."""
+    running = [i for i, p in procs.items() if p.poll() is None]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for i in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(procs[i].pid, sig)
+        deadline = time.monotonic() + _STOP_GRACE
+        while time.monotonic() < deadline and any(procs[i].poll() is None for i in running):
+            time.sleep(_POLL)
+        if all(procs[i].poll() is not None for i in running):
+            break
+    return running
+
+
+def _exit_code(returncode: int) -> int:
+    return returncode if 0 < returncode < 256 else 128 + abs(returncode)
+
+
+def launch(
+    command: Sequence[str],
+    *,
+    nprocs: int,
+    devices_per_process: int,
+    port: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    host: str = "127.0.0.1",
+) -> int:
+    """Run `command` as `nprocs` local processes of one jax.distributed job; return the exit
+    code: 0 when all succeed, else the first failing child's code (the others are stopped),
+    124 on timeout."""
+    if isinstance(command, str) or not command or not all(isinstance(c, str) for c in command):
+        raise MeshConfigError(
+            f"command={command!r}; accepted: a non-empty list of strings, e.g. "
+            "['python', 'train.py']"
+        )
+    _check_int(nprocs, field="nprocs", low=1)
+    _check_int(devices_per_process, field="devices_per_process", low=1)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not (timeout > 0 and math.isfinite(timeout))
+    ):
+        raise MeshConfigError(f"timeout={timeout!r}; accepted: a finite number of seconds > 0")
+    if port is None:
+        port = free_port(host)
+    else:
+        _check_int(port, field="port", low=1, high=65535)
+        if not port_is_free(port, host):
+            raise MeshConfigError(
+                f"port={port} is in use on {host}; accepted: a free port, or no --port to let "
+                "the launcher pick one"
+            )
+    lock = threading.Lock()
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    pumps: list[threading.Thread] = []
+    in_main = threading.current_thread() is threading.main_thread()
+    old_term = signal.signal(signal.SIGTERM, _raise_stop) if in_main else None
+    deadline = time.monotonic() + timeout
+    try:
+        on_fork = _death_signal()
+        for i in range(nprocs):
+            env = child_env(
+                os.environ,
+                index=i,
+                nprocs=nprocs,
+                devices_per_process=devices_per_process,
+                coordinator=f"{host}:{port}",
+                init_timeout=max(1, math.ceil(timeout)),
+            )
+            try:
+                procs[i] = subprocess.Popen(
+                    list(command),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=on_fork,
+                )
+            except OSError as err:
+                raise MeshConfigError(
+                    f"command={list(command)!r} could not be started: {err}"
+                ) from None
+        for i, proc in procs.items():  # threads only after every fork
+            for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                assert stream is not None
+                thread = threading.Thread(
+                    target=_pump, args=(stream, out, f"[{i}] ", lock), daemon=True
+                )
+                thread.start()
+                pumps.append(thread)
+        return _watch(procs, deadline, timeout, lock)
+    except (KeyboardInterrupt, _Stop):
+        stopped = _stop(procs)
+        _say(lock, f"interrupted; stopped processes {stopped}")
+        return 130
+    finally:
+        _stop(procs)
+        for thread in pumps:
+            thread.join(timeout=_STOP_GRACE)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _say(lock: threading.Lock, message: str) -> None:
+    with lock:
+        print(f"{_PREFIX}: {message}", file=sys.stderr, flush=True)
+
+
+def _watch(
+    procs: dict[int, subprocess.Popen[bytes]], deadline: float, timeout: float, lock: threading.Lock
+) -> int:
+    while True:
+        codes = {i: p.poll() for i, p in procs.items()}
+        failed = [i for i, code in codes.items() if code not in (None, 0)]
+        if failed:
+            first = failed[0]
+            code = codes[first]
+            assert code is not None
+            what = f"exit code {code}" if code > 0 else f"signal {-code}"
+            names = ", ".join(f"process {i}" for i in failed)
+            stopped = _stop(procs)
+            _say(lock, f"{names} failed ({what}); stopped processes {stopped}")
+            return _exit_code(code)
+        if all(code == 0 for code in codes.values()):
+            return 0
+        if time.monotonic() > deadline:
+            stopped = _stop(procs)
+            _say(lock, f"timed out after {timeout:g} s (--timeout); stopped processes {stopped}")
+            return 124
+        time.sleep(_POLL)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    if not re.fullmatch(r"\d+", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: an integer >= 1")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    if not re.fullmatch(r"\d+", text) or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: an integer from 1 to 65535")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: a number of seconds > 0")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=_PREFIX,
+        description="Run CMD as N local processes of one jax.distributed job, each with K CPU "
+        "devices (gloo collectives). Output lines carry the process index; a failing process "
+        "stops the others.",
+    )
+    parser.add_argument(
+        "--nprocs", type=_positive_int, required=True, metavar="N", help="number of processes"
+    )
+    parser.add_argument(
+        "--devices-per-process",
+        type=_positive_int,
+        required=True,
+        metavar="K",
+        help="CPU devices in each process",
+    )
+    parser.add_argument(
+        "--port",
+        type=_port,
+        default=None,
+        metavar="P",
+        help="coordinator port on 127.0.0.1 (default: a free one)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"stop the job after S seconds (default {DEFAULT_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ...",
+        help="the command each process runs",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`loadax-mesh launch` with `argv` (the arguments after `launch`); returns the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not command:
+            parser.error("no command given; accepted: -- CMD ... (e.g. -- python train.py)")
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        return launch(
+            command,
+            nprocs=args.nprocs,
+            devices_per_process=args.devices_per_process,
+            port=args.port,
+            timeout=args.timeout,
+        )
+    except MeshConfigError as err:
+        print(f"{_PREFIX}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Real multi-process jax jobs: `python -m loadax_mesh.distributed` runs tests/multiprocess/job.py.
+
+Each job starts N processes of K CPU devices joined by jax.distributed over gloo; the checks
+run inside the children (same mesh everywhere, each host's rows, a jitted global sum).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JOB = Path(__file__).with_name("job.py")
+LAUNCH_TIMEOUT = 90  # seconds the launcher allows the job (its own bound)
+WAIT = LAUNCH_TIMEOUT + 30  # seconds this test waits for the launcher
+
+
+def launch(nprocs: int, devices: int, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "loadax_mesh.distributed",
+        "--nprocs",
+        str(nprocs),
+        "--devices-per-process",
+        str(devices),
+        "--timeout",
+        str(LAUNCH_TIMEOUT),
+        "--",
+        sys.executable,
+        str(JOB),
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT)
+
+
+@pytest.mark.parametrize(
+    ("case", "nprocs", "devices", "rows"),
+    [
+        ("data", 2, 4, ["0:16 shard 0/2", "16:32 shard 1/2"]),
+        ("spill", 4, 2, ["0:8 shard 0/4", "8:16 shard 1/4", "16:24 shard 2/4", "24:32 shard 3/4"]),
+        ("model", 2, 4, ["0:32 shard 0/1", "0:32 shard 0/1"]),
+    ],
+)
+def test_job_loads_each_hosts_rows(case: str, nprocs: int, devices: int, rows: list[str]) -> None:
+    done = launch(nprocs, devices, case)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for i, expected in enumerate(rows):
+        assert f"[{i}] OK {case}: rows {expected}" in done.stdout.splitlines(), done.stdout
+
+
+def test_a_failing_process_stops_the_job() -> None:
+    done = launch(2, 4, "fail")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "process 1 failed (exit code 1); stopped processes [0]" in done.stderr, done.stderr
+    assert "[1] RuntimeError: process 1 fails on purpose" in done.stderr
+    assert "UNREACHABLE" not in done.stdout
