@@ -1,0 +1,171 @@
+"""Strategy presets: configs/presets/<name>.toml as MeshConfigs, with axis-size overrides.
+
+A preset file holds `description`, `fill_order`, `[overrides]` (keyword -> `{axis, part}`) and
+`[config]`, which `MeshConfig.from_dict` reads (mesh_rules as `[[config.mesh_rules]]` tables).
+Every axis name is accepted as a keyword too.
+
+An override `keyword=N` fixes that axis's size to N in the default shape and in every rule:
+1. Per axis, the shape's total (ICI x DCN; -1 where open) is taken and the axis set to N. If that
+   closed the only open axis, the first axis of `fill_order` not overridden becomes the rest (-1).
+2. With at most one open axis left the result is a plain shape: the planner's default split
+   places granules on the leftmost axes (presets order axes from least to most communication
+   intensive), so an axis larger than one granule still plans.
+3. A HybridMeshShape rule with two open axes left (one filling each granule, one filling the
+   granule count) stays hybrid: N goes into the keyword's `part` (ici or dcn), 1 into the other.
+"""
+
+from __future__ import annotations
+
+import operator
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from ._configs import config_path
+from .config import MeshConfig
+from .errors import MeshConfigError
+from .shapes import HybridMeshShape, MeshShape
+
+_KEYS = ("description", "fill_order", "overrides", "config")
+_PARTS = ("ici", "dcn")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One strategy preset as its file describes it."""
+
+    name: str
+    description: str
+    config: MeshConfig
+    overrides: tuple[tuple[str, str, str], ...]  # (keyword, axis, part), axis names included
+    fill_order: tuple[str, ...]
+
+    def keywords(self) -> dict[str, str]:
+        """Accepted override keyword -> the axis it sizes."""
+        return {k: axis for k, axis, _ in self.overrides}
+
+
+def list_presets() -> list[str]:
+    """The names of the shipped presets (configs/presets/*.toml), sorted."""
+    return sorted(p.stem for p in config_path("presets").glob("*.toml"))
+
+
+def get_preset(name: str) -> Preset:
+    """Read and check one preset file (once per process)."""
+    names = list_presets()
+    if not isinstance(name, str) or name not in names:
+        raise MeshConfigError(f"preset={name!r} is not a preset; accepted: {', '.join(names)}")
+    return _read_preset(name)
+
+
+@cache
+def _read_preset(name: str) -> Preset:
+    path = config_path("presets", f"{name}.toml")
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    where = f"preset {name} ({path.name})"
+    unknown = sorted(set(data) - set(_KEYS))
+    if unknown or "config" not in data:
+        raise MeshConfigError(f"{where}: unknown keys {unknown} or no [config]; accepted {_KEYS}")
+    config = MeshConfig.from_dict(data["config"])
+    axes = config.mesh_axis_names
+    overrides: list[tuple[str, str, str]] = []
+    for keyword, spec in data.get("overrides", {}).items():
+        if not isinstance(spec, dict) or set(spec) != {"axis", "part"}:
+            raise MeshConfigError(f"{where}: overrides.{keyword}={spec!r}; accepted {{axis, part}}")
+        if spec["axis"] not in axes or spec["part"] not in _PARTS:
+            raise MeshConfigError(
+                f"{where}: overrides.{keyword}={spec!r}; axis must be one of {axes}, part one "
+                f"of {_PARTS}"
+            )
+        overrides.append((keyword, spec["axis"], spec["part"]))
+    declared = {axis: part for _, axis, part in overrides}
+    taken = {k for k, _, _ in overrides}
+    overrides += [(a, a, declared.get(a, "ici")) for a in axes if a not in taken]
+    fill = tuple(data.get("fill_order", ()))
+    if not fill or any(a not in axes for a in fill):
+        raise MeshConfigError(f"{where}: fill_order={list(fill)} must name axes of {axes}")
+    return Preset(name, data.get("description", ""), config, tuple(overrides), fill)
+
+
+def load_preset(name: str, **overrides: Any) -> MeshConfig:
+    """The preset's MeshConfig with `overrides` (e.g. `tp=8`) applied to its shape and rules."""
+    preset = get_preset(name)
+    if not overrides:
+        return preset.config
+    config = preset.config
+    axes = config.mesh_axis_names
+    by_keyword = {k: (a, p) for k, a, p in preset.overrides}
+    sizes: dict[int, int] = {}
+    parts: dict[int, str] = {}
+    for keyword, value in overrides.items():
+        if keyword not in by_keyword:
+            accepted = ", ".join(f"{k} ({a})" if k != a else k for k, a, _ in preset.overrides)
+            raise MeshConfigError(
+                f"preset {name}: override {keyword}={value!r} is unknown; accepted: {accepted}"
+            )
+        axis, part = by_keyword[keyword]
+        i = axes.index(axis)
+        if i in sizes:
+            raise MeshConfigError(
+                f"preset {name}: override {keyword}={value!r} sizes axis {axis!r} a second time; "
+                "accepted: one keyword per axis"
+            )
+        sizes[i] = _size(value, keyword=keyword, name=name)
+        parts[i] = part
+    fill = [axes.index(a) for a in preset.fill_order]
+
+    def apply(shape: MeshShape | HybridMeshShape | None) -> MeshShape | HybridMeshShape:
+        if shape is None:
+            shape = (-1,) + (1,) * (len(axes) - 1)
+        return override_shape(shape, sizes, parts, fill)
+
+    rules = config.mesh_rules
+    return MeshConfig(
+        mesh_shape=apply(config.mesh_shape),
+        mesh_axis_names=axes,
+        batch_axis_names=config.batch_axis_names,
+        mesh_rules=None if rules is None else tuple((r, apply(v)) for r, v in rules),
+    )
+
+
+def _size(value: Any, *, keyword: str, name: str) -> int:
+    accepted = "a positive int (the axis size)"
+    if isinstance(value, bool):
+        raise MeshConfigError(f"preset {name}: override {keyword}={value!r}; accepted: {accepted}")
+    try:
+        size = operator.index(value)
+    except TypeError:
+        raise MeshConfigError(
+            f"preset {name}: override {keyword}={value!r} ({type(value).__name__}); "
+            f"accepted: {accepted}"
+        ) from None
+    if size < 1:
+        raise MeshConfigError(f"preset {name}: override {keyword}={value!r}; accepted: {accepted}")
+    return size
+
+
+def override_shape(
+    shape: MeshShape | HybridMeshShape,
+    sizes: dict[int, int],
+    parts: dict[int, str],
+    fill: list[int],
+) -> MeshShape | HybridMeshShape:
+    """`shape` with axis `i` fixed to `sizes[i]`, by the rules in this module's docstring."""
+    if isinstance(shape, HybridMeshShape):
+        pairs = zip(shape.ici_mesh_shape, shape.dcn_mesh_shape, strict=True)
+        totals = [-1 if -1 in (i, d) else i * d for i, d in pairs]
+    else:
+        totals = list(shape)
+    dims = [sizes.get(i, d) for i, d in enumerate(totals)]
+    if -1 in totals and -1 not in dims:
+        rest = next((i for i in fill if i not in sizes), None)
+        if rest is not None:
+            dims[rest] = -1
+    if dims.count(-1) <= 1 or not isinstance(shape, HybridMeshShape):
+        return tuple(dims)
+    ici, dcn = list(shape.ici_mesh_shape), list(shape.dcn_mesh_shape)
+    for i, size in sizes.items():
+        ici[i], dcn[i] = (size, 1) if parts[i] == "ici" else (1, size)
+    return HybridMeshShape(tuple(ici), tuple(dcn))
