@@ -15,7 +15,7 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -206,18 +206,36 @@ def batch_sharding(
     return _sharding(mesh, _layout(mesh, _ordered_axes(mesh, batch_axis_names)).axes)
 
 
-@functools.lru_cache(maxsize=64)
-def _local_plan(
-    mesh: Any, positions: tuple[int, ...], process: int
-) -> tuple[jax.sharding.NamedSharding, int, int, _Layout]:
-    layout = _layout(mesh, positions)
+@dataclass(frozen=True, eq=False)
+class _LocalPlan:
+    """What shard_batch needs for one (mesh, batch axes) pair in this process."""
+
+    sharding: jax.sharding.NamedSharding
+    local: int  # batch shards this process holds
+    layout: _Layout
+
+
+_PLANS: dict[tuple[Any, Any], _LocalPlan] = {}  # keyed by (mesh, batch_axis_names as given)
+_MAX_PLANS = 64
+
+
+def _local_plan(mesh: Any, batch_axis_names: Any) -> _LocalPlan:
+    import jax
+
+    layout = _layout(mesh, _ordered_axes(mesh, batch_axis_names))
+    process = jax.process_index()
     held = layout.by_process.get(process)
     if held is None:
         raise MeshConfigError(
-            f"mesh: process {process} holds none of its devices; accepted: a mesh with at "
-            "least one device of this process"
+            f"mesh holds no device of this process ({process}); accepted: a mesh with at "
+            "least one device of every process that calls shard_batch"
         )
-    return _sharding(mesh, layout.axes), len(held), layout.shards, layout
+    plan = _LocalPlan(_sharding(mesh, layout.axes), len(held), layout)
+    if isinstance(batch_axis_names, str | tuple):
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[mesh, batch_axis_names] = plan
+    return plan
 
 
 def shard_batch(batch: Any, mesh: jax.sharding.Mesh, batch_axis_names: AxisNames = "data") -> Any:
@@ -229,28 +247,44 @@ def shard_batch(batch: Any, mesh: jax.sharding.Mesh, batch_axis_names: AxisNames
     """
     import jax
 
-    sharding, local, shards, layout = _local_plan(
-        mesh, _ordered_axes(mesh, batch_axis_names), jax.process_index()
-    )
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(batch)
+    try:
+        plan = _PLANS[mesh, batch_axis_names]
+    except (KeyError, TypeError):  # first call for this pair, or names given as a list
+        plan = _local_plan(mesh, batch_axis_names)
+    local, shards = plan.local, plan.layout.shards
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
     out = []
-    for path, leaf in leaves:
+    for leaf in leaves:
         shape = getattr(leaf, "shape", None)
-        if shape is None or not hasattr(leaf, "dtype") or len(shape) == 0:
+        if not shape or not hasattr(leaf, "dtype") or shape[0] % local:
+            _leaf_error(batch, plan)
+        global_shape = (shape[0] // local * shards, *shape[1:])
+        out.append(jax.make_array_from_process_local_data(plan.sharding, leaf, global_shape))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _leaf_error(batch: Any, plan: _LocalPlan) -> NoReturn:
+    """Raise the MeshConfigError for the first leaf of `batch` that shard_batch cannot take."""
+    import jax
+
+    layout = plan.layout
+    for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
+        where = f"batch{jax.tree_util.keystr(path)}"
+        shape = getattr(leaf, "shape", None)
+        if not shape or not hasattr(leaf, "dtype"):
             raise MeshConfigError(
-                f"batch{jax.tree_util.keystr(path)}={_short(leaf)} has no leading batch "
-                "dimension; accepted: arrays (numpy or jax) with ndim >= 1"
+                f"{where}={_short(leaf)} has no leading batch dimension; accepted: arrays "
+                "(numpy or jax) with ndim >= 1"
             )
         rows = operator.index(shape[0])
-        if rows % local:
+        if rows % plan.local:
             raise MeshConfigError(
-                f"batch{jax.tree_util.keystr(path)} has {rows} rows, but this process holds "
-                f"{local} of the {shards} batch shards (batch axes {layout.axes} of sizes "
-                f"{layout.sizes}); accepted: a multiple of {local} rows"
+                f"{where} has {rows} rows, but this process holds {plan.local} of the "
+                f"{layout.shards} batch shards (batch axes {layout.axes} of sizes "
+                f"{layout.sizes}); accepted: a multiple of {plan.local} rows, split evenly "
+                "over those shards"
             )
-        global_shape = (rows // local * shards, *shape[1:])
-        out.append(jax.make_array_from_process_local_data(sharding, leaf, global_shape))
-    return jax.tree_util.tree_unflatten(treedef, out)
+    raise AssertionError("unreachable: every leaf was accepted")
 
 
 def _short(value: Any) -> str:
