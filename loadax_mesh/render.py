@@ -9,7 +9,7 @@ by host, or by slice when there are several slices.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
 
@@ -27,15 +27,9 @@ MAX_SVG_CELLS = 1 << 16
 # ANSI background colours (normal, bright) with black text: 6 hues x 2 shades.
 _ANSI = [f"\x1b[30;{code}m" for code in (*range(41, 47), *range(101, 107))]
 _RESET = "\x1b[0m"
-# The same 6 hues for SVG, (dark, light) shades.
-_HUES = [
-    ("#e57373", "#ffcdd2"),
-    ("#81c784", "#c8e6c9"),
-    ("#ffd54f", "#fff59d"),
-    ("#64b5f6", "#bbdefb"),
-    ("#ba68c8", "#e1bee7"),
-    ("#4dd0e1", "#b2ebf2"),
-]
+# The same 6 hues for SVG: dark shades, then light ones.
+_SVG: tuple[str, ...] = ("#e57373", "#81c784", "#ffd54f", "#64b5f6", "#ba68c8", "#4dd0e1")
+_SVG += ("#ffcdd2", "#c8e6c9", "#fff59d", "#bbdefb", "#e1bee7", "#b2ebf2")
 
 
 # -- facts about the device set ------------------------------------------------------------
@@ -45,6 +39,7 @@ def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
     """Chips, hosts, slices and topology of the plan's devices, read from the device table."""
     table = plan.table
     n = len(table)
+    spec = _spec(plan.hardware)
     hosts = len(np.unique(table.process_index))
     slices = 1 if table.slice_index is None else len(np.unique(table.slice_index))
     chips = n
@@ -53,12 +48,17 @@ def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
     if table.coords is not None:
         slice_of = np.zeros(n, np.int64) if table.slice_index is None else table.slice_index
         chips = len(np.unique(np.column_stack([slice_of, table.coords]), axis=0))
+        first = table.coords[slice_of == slice_of.min()]
+        chip_shape = tuple(int(x) + 1 for x in np.ptp(first, axis=0))
+        if spec is not None and (*spec.topology, 1, 1, 1)[: len(chip_shape)] == chip_shape:
+            chip_shape = spec.topology  # as the catalogue names it (2D on v5e and v6e)
         torus = plan.layout.torus
-        if torus is not None:
-            chip_shape = torus.chip_shape
+        if torus is not None and torus.chip_shape == chip_shape:
             wrap = list(torus.wrap)
-        else:
-            chip_shape = tuple(int(x) + 1 for x in np.ptp(table.coords, axis=0))
+        else:  # the granules are not slices: ask the catalogue about the whole slice
+            from .hardware import wraparound
+
+            wrap = list(wraparound(table.device_kind, chip_shape))
         topology = (
             "x".join(map(str, chip_shape))
             + " chips"
@@ -88,7 +88,24 @@ def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
         "wraparound": wrap,
         "granules": plan.num_granules,
         "granule_kind": plan.granule_kind,
+        "facts": {}
+        if spec is None
+        else {name: str(fact) for name in _FACTS if (fact := spec.fact(name)) is not None},
     }
+
+
+_FACTS: tuple[str, ...] = ("hbm", "peak_bf16", "ici_bandwidth", "dcn_bandwidth")
+_FACTS += ("nvlink_bandwidth", "network_per_gpu")
+
+
+def _spec(hardware: str | None) -> Any:
+    """The catalogue's HardwareSpec for a hardware string, or None when it names none."""
+    from .hardware import parse_hardware
+
+    try:
+        return None if hardware is None else parse_hardware(hardware)
+    except MeshConfigError:
+        return None
 
 
 # -- rows of the global batch per host -----------------------------------------------------
@@ -112,13 +129,7 @@ class HostRows:
         return sum(stop - start for start, stop in self.ranges)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "ranges": [list(r) for r in self.ranges],
-            "num_rows": self.num_rows,
-            "shard_index": self.shard_index,
-            "num_shards": self.num_shards,
-        }
+        return {**asdict(self), "ranges": [list(r) for r in self.ranges], "num_rows": self.num_rows}
 
 
 def host_rows(plan: MeshPlan, global_batch: int) -> list[HostRows]:
@@ -184,7 +195,7 @@ def _span(ids: list[int]) -> str:
 
 @dataclass(frozen=True)
 class GridView:
-    """The mesh folded to 2D: `cells[r, c]` is the row-major mesh position shown there."""
+    """The mesh folded to 2D: mesh position `p` (row-major) is drawn on line `p // per_line`."""
 
     lines: int
     per_line: int
@@ -235,6 +246,10 @@ def _caption(shape: tuple[int, ...], names: tuple[str, ...], per_line: int) -> s
             parts.append(f"{left} of {name}={size}")
             left = 1
     return " x ".join(reversed(parts)) or "one device"
+
+
+def _sizes(plan: MeshPlan) -> list[tuple[str, str]]:
+    return [(a, str(n)) for a, n in plan.shape.items()]
 
 
 def _cell_data(plan: MeshPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -302,26 +317,24 @@ def render_svg(plan: MeshPlan) -> str:
     coords = np.unravel_index(np.arange(host.size), plan.devices.shape)
     cw, ch, top, left = 28, 20, 56, 64
     w, h = left + view.per_line * cw + 8, top + lines * ch + 24
-    title = f"{plan.hardware or 'devices'}: mesh " + " x ".join(
-        f"{a}={s}" for a, s in plan.shape.items()
-    )
+    title = f"{plan.hardware or 'devices'}: mesh " + " x ".join(map("=".join, _sizes(plan)))
+    caption = f"{view.lines} lines x {view.per_line} devices in mesh order (a line spans "
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
         f'font-family="monospace" font-size="10">',
         f'<text x="8" y="18" font-size="13">{escape(title)}</text>',
-        f'<text x="8" y="36">{escape(f"{view.lines} lines x {view.per_line} devices in mesh order (a line spans {view.caption}); cell = host")}</text>',  # noqa: E501
+        f'<text x="8" y="36">{escape(f"{caption}{view.caption}); cell = host")}</text>',
     ]
     for pos in range(lines * view.per_line):
         r, c = divmod(pos, view.per_line)
         x, y = left + c * cw, top + r * ch
         if c == 0:
             out.append(f'<text x="8" y="{y + 14}">{pos}</text>')
-        dark, light = _HUES[colours[pos] % 6]
         at = ", ".join(f"{a}={int(coords[i][pos])}" for i, a in enumerate(plan.axis_names))
         tip = f"device {ids[pos]}, host {host[pos]}, {plan.granule_kind} {granule[pos]}: {at}"
         out.append(
             f'<g><title>{escape(tip)}</title><rect x="{x}" y="{y}" width="{cw - 2}" '
-            f'height="{ch - 2}" fill="{dark if colours[pos] < 6 else light}" stroke="#555" '
+            f'height="{ch - 2}" fill="{_SVG[colours[pos]]}" stroke="#555" '
             f'stroke-width="0.5"/><text x="{x + cw // 2 - 1}" y="{y + 13}" '
             f'text-anchor="middle">{host[pos]}</text></g>'
         )
@@ -346,7 +359,7 @@ def render_text(
     hw = hardware_summary(plan)
     lines = [*_hardware_text(hw, plan), *(f"note       {note}" for note in notes), ""]
     lines += [
-        f"mesh       {' x '.join(f'{a}={s}' for a, s in plan.shape.items())}",
+        f"mesh       {' x '.join(map('='.join, _sizes(plan)))}",
         f"  {'axis':<16} {'size':>6} {'ici':>6} {'dcn':>5} {'ring eff':>9} {'steps/hops':>13} "
         f"{'dcn crossings':>14}",
     ]
@@ -370,31 +383,32 @@ def render_text(
 
 
 def _hardware_text(hw: dict[str, Any], plan: MeshPlan) -> list[str]:
+    n, hosts, slices = hw["devices"], hw["hosts"], hw["slices"]
     name = f"hardware   {hw['selector'] or 'unknown'}: {hw['device_kind']}, "
-    granule = f"granule = {plan.granule_kind} ({plan.num_granules})"
+    topology = f"topology   {hw['topology']}"
     if hw["platform"] == "tpu":
         each = hw["devices_per_chip"]
-        wrap = hw["wraparound"]
-        wrap_text = (
-            ""
-            if wrap is None
-            else ", wraparound " + (",".join("xyz"[i] for i, w in enumerate(wrap) if w) or "none")
+        name += (
+            f"{hw['chips']} chips ({each} device{'s' * (each > 1)} each), {hosts} hosts, "
+            f"{slices} slice{'s' * (slices > 1)}"
         )
-        slices = hw["slices"]
-        return [
-            f"{name}{hw['chips']} chips ({each} device{'s' * (each > 1)} each), "
-            f"{hw['hosts']} hosts, {slices} slice{'s' * (slices > 1)}",
-            f"topology   {hw['topology']}{wrap_text}; {granule}",
-        ]
-    if hw["platform"] == "gpu":
-        return [
-            f"{name}{hw['devices']} GPUs, {hw['hosts']} hosts",
-            f"topology   {hw['topology']}; {granule}",
-        ]
-    return [
-        f"{name}{hw['devices']} devices, {hw['hosts']} process{'es' * (hw['hosts'] > 1)}",
-        f"topology   {hw['topology']}; {granule}",
-    ]
+        wrapped = ",".join("xyz"[i] for i, w in enumerate(hw["wraparound"] or ()) if w)
+        topology += f", wraparound {wrapped or 'none'}"
+    elif hw["platform"] == "gpu":
+        name += f"{n} GPUs, {hosts} hosts"
+    else:
+        name += f"{n} devices, {hosts} process{'es' * (hosts > 1)}"
+    lines = [name, f"{topology}; granule = {plan.granule_kind} ({plan.num_granules})"]
+    facts = hw["facts"]
+    if facts:
+        unit = {"tpu": "chip", "gpu": "GPU"}.get(hw["platform"], "device")
+        shown = [f"{k.replace('_', ' ').replace('bandwidth', 'bw')} {v}" for k, v in facts.items()]
+        lines.append(f"catalogue  per {unit}: {', '.join(shown)}")
+    return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _rows_text(rows: list[HostRows], global_batch: int, degree: int) -> list[str]:
@@ -403,10 +417,16 @@ def _rows_text(rows: list[HostRows], global_batch: int, degree: int) -> list[str
         by_set.setdefault(row.ranges, []).append(row.host)
     sizes = sorted({r.num_rows for r in rows})
     out = [
-        f"           global batch {global_batch}: {global_batch // degree} rows per shard; "
+        f"           global batch {global_batch}: {_count(global_batch // degree, 'row')} "
+        "per shard; "
         f"{len(rows)} hosts load {'/'.join(map(str, sizes))} rows each, "
         f"{len(by_set)} distinct row sets"
     ]
+    if any(len(r.ranges) > 1 for r in rows):
+        out += [
+            "           some hosts load several ranges: host_batch_slice refuses this layout,",
+            "           shard_batch takes each host's ranges concatenated in row order",
+        ]
     items = sorted(by_set.items())
     shown = items if len(items) <= 12 else [*items[:8], *items[-2:]]
     for i, (ranges, hosts) in enumerate(shown):

@@ -1,0 +1,459 @@
+"""`loadax-mesh`: plan device meshes from the command line.
+
+`loadax-mesh plan tpu-v5p-512 --strategy fsdp` plans for simulated hardware through the pure core
+and the catalogue, without importing jax; only `--devices local`, `devices` and `launch` touch
+jax. Bad input prints one line, `loadax-mesh: error: ...`, and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import MeshConfigError
+
+if TYPE_CHECKING:
+    from .config import MeshConfig
+    from .plan import MeshPlan
+
+PROG = "loadax-mesh"
+MAX_DEVICE_LINES = 64
+
+
+class UsageError(Exception):
+    """A command line argparse rejects; reported like a MeshConfigError."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Let shapes such as `-1,8` be values, not options (argparse only allows `-1`).
+        self._negative_number_matcher = re.compile(r"^-\d[-\d,x. ]*$")
+
+    def error(self, message: str) -> Any:  # argparse would print usage and exit
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+_PLAN_HELP: dict[str, tuple[dict[str, Any], str]] = {  # flag: (argparse options, help)
+    "--devices": ({"choices": ["local"]}, "plan for this machine's jax.devices(), not HARDWARE"),
+    "--strategy": (
+        {"metavar": "PRESET"},
+        "a preset (`loadax-mesh presets`); its rules pick the shape",
+    ),
+    "--set": (
+        {"dest": "overrides", "action": "append", "default": [], "metavar": "AXIS=SIZE"},
+        "override a preset axis size, e.g. tp=8 (repeatable)",
+    ),
+    "--shape": ({}, "mesh shape such as 16,16 or -1,8 (no rules); the ICI part with --dcn-shape"),
+    "--dcn-shape": ({}, "the DCN part of a hybrid shape, e.g. 4,1"),
+    "--axes": ({}, "axis names for --shape, e.g. data,model"),
+    "--batch-axes": ({}, "batch axes, e.g. data,fsdp (default: the preset's, else the first)"),
+    "--granule": (
+        {"default": "auto", "choices": ["auto", "slice", "process", "none"]},
+        "what one ICI island is (default: auto)",
+    ),
+    "--global-batch": (
+        {"type": _positive_int, "metavar": "N"},
+        "show the rows of an N-row global batch each host loads",
+    ),
+    "--svg": ({"metavar": "FILE"}, "also write the device grid picture as SVG"),
+    "--color": (
+        {"default": "auto", "choices": ["auto", "always", "never"]},
+        "ANSI colours in the grid (auto: when stdout is a terminal)",
+    ),
+}
+_COMMANDS = {
+    "plan": "plan a mesh for a hardware string (simulated; jax is not imported) or for "
+    "--devices local",
+    "hardware": "the hardware catalogue",
+    "presets": "the strategy presets: axes, batch axes, mesh rules",
+    "devices": "what jax.devices() holds here, and the detected hardware string",
+    "launch": "N local processes joined by jax.distributed: launch --nprocs N "
+    "--devices-per-process K -- CMD ...",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Plan JAX device meshes over ICI and DCN.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    runs = dict(plan=_cmd_plan, hardware=_cmd_hardware, presets=_cmd_presets, devices=_cmd_devices)
+    for name, text in _COMMANDS.items():
+        command = sub.add_parser(name, help=text, description=text, add_help=name != "launch")
+        if name in runs:
+            command.set_defaults(run=runs[name])
+            command.add_argument("--format", default="text", choices=["text", "json"])
+    plan = sub.choices["plan"]
+    plan.add_argument(
+        "hardware",
+        nargs="?",
+        metavar="HARDWARE",
+        help="e.g. tpu-v5p-512, "
+        "tpu-v5litepod-256-4, gpu-p5.48xlarge-256, cpu-2x4 (`loadax-mesh hardware`)",
+    )
+    for flag, (options, text) in _PLAN_HELP.items():
+        plan.add_argument(flag, **options, help=text)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 fine, 2 bad input)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args_list[:1] == ["launch"]:
+            from .distributed import main as launch
+
+            return launch(args_list[1:])
+        args = build_parser().parse_args(args_list)
+        return int(args.run(args))
+    except (UsageError, MeshConfigError) as err:
+        _error(str(err))
+        return 2
+    except OSError as err:
+        if isinstance(err, BrokenPipeError):  # e.g. `loadax-mesh plan ... | head`
+            sys.stderr.close()
+            return 0
+        _error(f"{err.filename or ''}: {err.strerror or err}".lstrip(": "))
+        return 2
+    except SystemExit as exit_:  # --help and argparse's own exits
+        return exit_.code if isinstance(exit_.code, int) else 0
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+# -- plan -----------------------------------------------------------------------------------
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    if (args.hardware is None) == (args.devices is None):
+        raise UsageError(
+            "plan needs exactly one of HARDWARE (e.g. tpu-v5p-512) and --devices local"
+        )
+    if args.devices == "local":
+        import jax
+
+        from .hardware import detect_hardware
+
+        devices: list[Any] = list(jax.devices())
+        selector = detect_hardware(devices)
+    else:
+        from .hardware import simulate_devices
+
+        devices = simulate_devices(args.hardware)
+        selector = args.hardware
+    config, source = _config(args, selector)
+    notes = [source]
+    plan = _plan_with_notes(config, devices, selector, args.granule, notes)
+    if args.devices == "local":
+        mesh = plan.to_jax_mesh()
+        notes.append(f"built jax.sharding.Mesh {dict(mesh.shape)} from jax.devices()")
+    from . import render
+
+    rows = None if args.global_batch is None else render.host_rows(plan, args.global_batch)
+    if args.svg:
+        with open(args.svg, "w", encoding="utf-8") as f:
+            f.write(render.render_svg(plan))
+    if args.format == "json":
+        data = {
+            **plan.to_dict(),
+            "hardware_summary": render.hardware_summary(plan),
+            "strategy": args.strategy,
+            "notes": notes,
+            "global_batch": args.global_batch,
+            "host_rows": None if rows is None else [r.to_dict() for r in rows],
+            "svg": args.svg,
+        }
+        _print_json(data)
+        return 0
+    text = render.render_text(
+        plan, global_batch=args.global_batch, color=_use_color(args.color), notes=tuple(notes)
+    )
+    print(text + (f"\n\nsvg        wrote {args.svg}" if args.svg else ""))
+    return 0
+
+
+def _config(args: argparse.Namespace, selector: str) -> tuple[MeshConfig, str]:
+    """The MeshConfig the flags describe, and a sentence saying where its shape comes from."""
+    from .config import MeshConfig
+    from .shapes import HybridMeshShape
+
+    if args.shape is None:
+        for flag in ("dcn_shape", "axes"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} needs --shape")
+    if args.strategy is None:
+        if args.shape is None:
+            raise UsageError(
+                f"plan needs --strategy (one of {_preset_names()}) or --shape with --axes"
+            )
+        if args.axes is None:
+            raise UsageError("--shape needs --axes (or a --strategy whose axes it uses)")
+        if args.overrides:
+            raise UsageError("--set needs --strategy")
+    preset = None
+    if args.strategy is not None:
+        preset = MeshConfig.from_preset(args.strategy, **_overrides(args.overrides))
+    if args.axes is not None:
+        axes = _names(args.axes, "--axes")
+    else:
+        assert preset is not None
+        axes = preset.mesh_axis_names
+    batch: Any = (
+        _names(args.batch_axes, "--batch-axes")
+        if args.batch_axes
+        else preset.batch_axis_names
+        if preset is not None
+        else axes[0]
+    )
+    if args.shape is not None:
+        shape: Any = _ints(args.shape, "--shape")
+        if args.dcn_shape is not None:
+            shape = HybridMeshShape(shape, _ints(args.dcn_shape, "--dcn-shape"))
+        config = MeshConfig(shape, axes, batch)
+        return config, f"shape {_show(config.mesh_shape)} from --shape"
+    assert preset is not None
+    config = MeshConfig(preset.mesh_shape, axes, batch, preset.mesh_rules)
+    rules = config.mesh_rules or ()
+    for regex, _value in rules:
+        if re.fullmatch(regex, selector):
+            return config, (
+                f"preset {args.strategy}: rule '{regex}' matches {selector}, shape "
+                f"{_show(config.select(selector).mesh_shape)}"
+            )
+    return config, (
+        f"preset {args.strategy}: none of its {len(rules)} mesh rules matches "
+        f"{selector}, so its default shape {_show(config.mesh_shape)} is used"
+    )
+
+
+def _plan_with_notes(
+    config: MeshConfig, devices: list[Any], selector: str, granule: str, notes: list[str]
+) -> MeshPlan:
+    """Plan, turning the planner's logged warnings into notes of the report."""
+    logger = logging.getLogger("loadax_mesh")
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            notes.append(record.getMessage().removeprefix("loadax_mesh: "))
+
+    handler, propagate = Collect(logging.WARNING), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        return config.plan(devices, selector=selector, granule=granule)
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    parts = re.split(r"[,x]", text.strip())
+    for part in parts:
+        if not re.fullmatch(r"-?[0-9]+", part.strip()):
+            raise UsageError(
+                f"{flag}={text!r}: {part!r} is not an integer; accepted: integers "
+                "separated by commas, such as 16,16 or -1,8"
+            )
+    return tuple(int(p) for p in parts)
+
+
+def _names(text: str, flag: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise UsageError(
+            f"{flag}={text!r} holds an empty name; accepted: names separated by "
+            "commas, such as data,model"
+        )
+    return names
+
+
+def _overrides(items: list[str]) -> dict[str, int]:
+    result = {}
+    for item in items:
+        match = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(-?[0-9]+)\s*", item)
+        if match is None:
+            raise UsageError(f"--set {item!r}; accepted: AXIS=SIZE such as tp=8")
+        result[match[1]] = int(match[2])
+    return result
+
+
+def _show(shape: Any) -> str:
+    from .shapes import HybridMeshShape
+
+    if isinstance(shape, HybridMeshShape):
+        return f"ici {tuple(shape.ici_mesh_shape)} x dcn {tuple(shape.dcn_mesh_shape)}"
+    return str(tuple(shape))
+
+
+def _use_color(mode: str) -> bool:
+    if mode != "auto":
+        return mode == "always"
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+
+
+def _print_json(data: Any) -> None:
+    import json
+
+    print(json.dumps(data, indent=1))
+
+
+def _preset_names() -> str:
+    from .presets import list_presets
+
+    return ", ".join(list_presets())
+
+
+# -- hardware, presets, devices ---------------------------------------------------------------
+
+
+def _table(rows: list[list[Any]]) -> str:
+    """Left-aligned columns, two spaces apart."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
+    )
+
+
+_TPU_COLUMNS = "TPU|title|device_kind|dev/chip|chips/host|slice sizes|HBM/chip|ICI/chip|DCN/chip"
+_GPU_COLUMNS = "GPU|device_kind|GPUs/host|NVLink domain|HBM/GPU|NVLink/GPU|network/GPU"
+
+
+def _cmd_hardware(args: argparse.Namespace) -> int:
+    from .hardware import list_hardware
+
+    types = list_hardware()
+    if args.format == "json":
+        _print_json([_type_data(t) for t in types])
+        return 0
+
+    def facts(t: Any, *names: str) -> list[str]:
+        return [str(t.fact(n) or "-") for n in names]
+
+    tpu: list[list[Any]] = [_TPU_COLUMNS.split("|")]
+    gpu: list[list[Any]] = [_GPU_COLUMNS.split("|")]
+    cpu = []
+    for t in types:
+        per_chip, counts = t.devices_per_chip, t.counts
+        if t.platform == "tpu":
+            sizes = f"{counts[0]}-{counts[-1]} ({len(counts)})" if len(counts) > 1 else counts[0]
+            tpu.append(
+                [
+                    t.pattern,
+                    t.title,
+                    t.device_kind,
+                    per_chip,
+                    t.devices_per_host // per_chip,
+                    sizes,
+                    *facts(t, "hbm", "ici_bandwidth", "dcn_bandwidth"),
+                ]
+            )
+        elif t.platform == "gpu":
+            gpu.append(
+                [
+                    t.pattern,
+                    t.device_kind,
+                    t.devices_per_host,
+                    t.nvlink_domain,
+                    *facts(t, "hbm", "nvlink_bandwidth", "network_per_gpu"),
+                ]
+            )
+        else:
+            cpu.append(f"CPU  {t.pattern}: {t.title}")
+    print(f"{_table(tpu)}\n\n{_table(gpu)}\n\n" + "\n".join(cpu))
+    print(
+        "\nslice sizes: the counts a TPU string accepts (TensorCores on v2-v4, v5p and 7x; chips "
+        "on v5e and v6e). Every fact's source: configs/hardware.toml or --format json"
+    )
+    return 0
+
+
+def _type_data(t: Any) -> dict[str, Any]:
+    """A catalogue entry as JSON-ready data, each fact with its unit, status and sources."""
+    from dataclasses import asdict
+
+    data = asdict(t)
+    data.update(
+        pattern=t.pattern, examples=t.examples, facts={name: asdict(fact) for name, fact in t.facts}
+    )
+    return data
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from .presets import get_preset, list_presets
+
+    presets = [get_preset(name) for name in list_presets()]
+    if args.format == "json":
+        data = {p.name: {"description": p.description, "overrides": p.keywords()} for p in presets}
+        _print_json({p.name: {**data[p.name], **p.config.to_dict()} for p in presets})
+        return 0
+    rows: list[list[Any]] = [["preset", "axes", "batch axes", "default shape", "--set keywords"]]
+    for p in presets:
+        c, batch = p.config, p.config.batch_axis_names
+        batch = batch if isinstance(batch, str) else ", ".join(batch)
+        rows.append(
+            [
+                p.name,
+                ", ".join(c.mesh_axis_names),
+                batch,
+                _show(c.mesh_shape),
+                ", ".join(p.keywords()),
+            ]
+        )
+    out = [_table(rows)]
+    for p in presets:
+        out.append(f"\n{p.name}: {p.description}")
+        rules = [
+            ["  " + regex, "all devices on the first axis" if v is None else _show(v)]
+            for regex, v in p.config.mesh_rules or ()
+        ]
+        if rules:
+            out.append(_table(rules))
+    print("\n".join(out))
+    return 0
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    import jax
+
+    from .hardware import detect_hardware
+
+    devices = list(jax.devices())
+    selector = detect_hardware(devices)
+    keys = ["id", "platform", "device_kind", "process_index", "slice_index", "coords"]
+    keys.append("core_on_chip")
+    records = [{k: _plain(getattr(d, k, None)) for k in keys} for d in devices]
+    if args.format == "json":
+        process = {"process_index": jax.process_index(), "process_count": jax.process_count()}
+        _print_json({"hardware": selector, **process, "devices": records})
+        return 0
+    rows = [keys] + [[r[k] for k in keys] for r in records[:MAX_DEVICE_LINES]]
+    print(
+        f"hardware {selector}: {len(devices)} devices, process {jax.process_index()} of "
+        f"{jax.process_count()}\n\n{_table(rows)}"
+    )
+    if len(records) > MAX_DEVICE_LINES:
+        print(f"... {len(records) - MAX_DEVICE_LINES} more (all of them: --format json)")
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    """A device attribute as JSON-ready data (jax gives coords as lists of ints)."""
+    if value is None or isinstance(value, int | str | float):
+        return value
+    try:
+        return [v if isinstance(v, int | str) else int(v) for v in value]
+    except (TypeError, ValueError):
+        return str(value)
