@@ -80,56 +80,44 @@ def _layout(mesh: Any, positions: tuple[int, ...]) -> _Layout:
     split = np.flatnonzero(np.diff(pairs[:, 0])) + 1
     by_process = {int(group[0, 0]): group[:, 1] for group in np.split(pairs, split)}
     axes = tuple(names[p] for p in positions)
-    problem, ranges, num_ranges = _ranges(by_process, axes, sizes)
+    found = _ranges(by_process, axes, sizes)
+    problem, (ranges, num_ranges) = (found, ({}, 0)) if isinstance(found, str) else (None, found)
     return _Layout(axes, sizes, math.prod(sizes), by_process, problem, ranges, num_ranges)
 
 
 def _ranges(
     by_process: dict[int, np.ndarray], axes: tuple[str, ...], sizes: tuple[int, ...]
-) -> tuple[str | None, dict[int, tuple[int, int, int]], int]:
-    """Each process's contiguous shard range and its index among the distinct ranges, or the
-    reason there is none."""
+) -> tuple[dict[int, tuple[int, int, int]], int] | str:
+    """Each process's contiguous shard range with its index among the distinct ranges, and
+    their number; or the reason why processes cannot each load one range."""
     where = f"batch axes {axes} of sizes {sizes} (shard index row-major in that order)"
     spans = {}
     for proc, held in by_process.items():
         lo, hi = int(held[0]), int(held[-1]) + 1
         if hi - lo != len(held):
             return (
-                (
-                    f"process {proc} holds batch shards {held.tolist()} of {math.prod(sizes)} "
-                    f"under {where}: not one contiguous range, so it cannot load one slice of "
-                    "rows. Order the mesh axes so that batch axes crossing processes come before "
-                    "batch axes inside a process; shard_batch still takes this layout when each "
-                    "process passes its shards' rows in row order"
-                ),
-                {},
-                0,
+                f"process {proc} holds batch shards {held.tolist()} of {math.prod(sizes)} "
+                f"under {where}: not one contiguous range, so it cannot load one slice of "
+                "rows. Order the mesh axes so that batch axes crossing processes come before "
+                "batch axes inside a process; shard_batch still takes this layout when each "
+                "process passes its shards' rows in row order"
             )
         spans[proc] = (lo, hi)
     distinct = sorted(set(spans.values()))
     for (lo_a, hi_a), (lo_b, hi_b) in itertools.pairwise(distinct):
         if lo_b < hi_a:
             return (
-                (
-                    f"processes hold overlapping batch shard ranges [{lo_a}, {hi_a}) and "
-                    f"[{lo_b}, {hi_b}) under {where}; accepted: ranges that are equal or "
-                    "disjoint"
-                ),
-                {},
-                0,
+                f"processes hold overlapping batch shard ranges [{lo_a}, {hi_a}) and "
+                f"[{lo_b}, {hi_b}) under {where}; accepted: ranges that are equal or disjoint"
             )
     lengths = sorted({hi - lo for lo, hi in distinct})
     if len(lengths) > 1:
         return (
-            (
-                f"processes hold batch shard ranges of different lengths {lengths} under "
-                f"{where}; accepted: every process holding the same number of shards"
-            ),
-            {},
-            0,
+            f"processes hold batch shard ranges of different lengths {lengths} under {where}; "
+            "accepted: every process holding the same number of shards"
         )
     index = {span: i for i, span in enumerate(distinct)}
-    return None, {p: (*s, index[s]) for p, s in spans.items()}, len(distinct)
+    return {p: (*s, index[s]) for p, s in spans.items()}, len(distinct)
 
 
 def data_parallel_size(mesh: Any, batch_axis_names: AxisNames = "data") -> int:

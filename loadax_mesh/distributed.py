@@ -290,11 +290,8 @@ def launch(
         )
     _check_int(nprocs, field="nprocs", low=1)
     _check_int(devices_per_process, field="devices_per_process", low=1)
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not (timeout > 0 and math.isfinite(timeout))
-    ):
+    number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+    if not (number and timeout > 0 and math.isfinite(timeout)):
         raise MeshConfigError(f"timeout={timeout!r}; accepted: a finite number of seconds > 0")
     if port is None:
         port = free_port(host)
@@ -307,7 +304,7 @@ def launch(
             )
     lock = threading.Lock()
     procs: dict[int, subprocess.Popen[bytes]] = {}
-    pumps: list[threading.Thread] = []
+    pumps: dict[int, list[threading.Thread]] = {}
     in_main = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, _raise_stop) if in_main else None
     deadline = time.monotonic() + timeout
@@ -322,39 +319,46 @@ def launch(
                 coordinator=f"{host}:{port}",
                 init_timeout=max(1, math.ceil(timeout)),
             )
-            try:
-                procs[i] = subprocess.Popen(
-                    list(command),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                    preexec_fn=on_fork,
-                )
-            except OSError as err:
-                raise MeshConfigError(
-                    f"command={list(command)!r} could not be started: {err}"
-                ) from None
+            procs[i] = _spawn(command, env, on_fork)
         for i, proc in procs.items():  # threads only after every fork
-            for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-                assert stream is not None
-                thread = threading.Thread(
-                    target=_pump, args=(stream, out, f"[{i}] ", lock), daemon=True
-                )
-                thread.start()
-                pumps.append(thread)
-        return _watch(procs, deadline, timeout, lock)
+            pumps[i] = [
+                _start_pump(proc.stdout, sys.stdout, i, lock),
+                _start_pump(proc.stderr, sys.stderr, i, lock),
+            ]
+        return _watch(procs, pumps, deadline, timeout, lock)
     except (KeyboardInterrupt, _Stop):
-        stopped = _stop(procs)
-        _say(lock, f"interrupted; stopped processes {stopped}")
+        _say(lock, f"interrupted; stopped processes {_stop(procs)}")
         return 130
     finally:
         _stop(procs)
-        for thread in pumps:
+        for thread in (t for threads in pumps.values() for t in threads):
             thread.join(timeout=_STOP_GRACE)
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+
+
+def _spawn(command: Sequence[str], env: dict[str, str], on_fork: Any) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(
+            list(command),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=on_fork,
+        )
+    except OSError as err:
+        raise MeshConfigError(f"command={list(command)!r} could not be started: {err}") from None
+
+
+def _start_pump(
+    stream: IO[bytes] | None, out: IO[str], index: int, lock: threading.Lock
+) -> threading.Thread:
+    assert stream is not None
+    thread = threading.Thread(target=_pump, args=(stream, out, f"[{index}] ", lock), daemon=True)
+    thread.start()
+    return thread
 
 
 def _say(lock: threading.Lock, message: str) -> None:
@@ -363,18 +367,23 @@ def _say(lock: threading.Lock, message: str) -> None:
 
 
 def _watch(
-    procs: dict[int, subprocess.Popen[bytes]], deadline: float, timeout: float, lock: threading.Lock
+    procs: dict[int, subprocess.Popen[bytes]],
+    pumps: dict[int, list[threading.Thread]],
+    deadline: float,
+    timeout: float,
+    lock: threading.Lock,
 ) -> int:
     while True:
         codes = {i: p.poll() for i, p in procs.items()}
         failed = [i for i, code in codes.items() if code not in (None, 0)]
         if failed:
-            first = failed[0]
-            code = codes[first]
+            code = codes[failed[0]]
             assert code is not None
             what = f"exit code {code}" if code > 0 else f"signal {-code}"
-            names = ", ".join(f"process {i}" for i in failed)
             stopped = _stop(procs)
+            for thread in (t for i in failed for t in pumps[i]):  # its last words first
+                thread.join(timeout=1.0)
+            names = ", ".join(f"process {i}" for i in failed)
             _say(lock, f"{names} failed ({what}); stopped processes {stopped}")
             return _exit_code(code)
         if all(code == 0 for code in codes.values()):
@@ -389,16 +398,16 @@ def _watch(
 # -- command line -----------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    if not re.fullmatch(r"\d+", text) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}; accepted: an integer >= 1")
-    return int(text)
+def _int_arg(low: int, high: int | None = None) -> Any:
+    accepted = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
 
+    def parse(text: str) -> int:
+        value = int(text) if re.fullmatch(r"\d+", text) else -1
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r}; accepted: {accepted}")
+        return value
 
-def _port(text: str) -> int:
-    if not re.fullmatch(r"\d+", text) or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}; accepted: an integer from 1 to 65535")
-    return int(text)
+    return parse
 
 
 def _seconds(text: str) -> float:
@@ -418,36 +427,29 @@ def _parser() -> argparse.ArgumentParser:
         "devices (gloo collectives). Output lines carry the process index; a failing process "
         "stops the others.",
     )
-    parser.add_argument(
-        "--nprocs", type=_positive_int, required=True, metavar="N", help="number of processes"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--nprocs", type=_int_arg(1), required=True, metavar="N", help="number of processes")
+    add(
         "--devices-per-process",
-        type=_positive_int,
+        type=_int_arg(1),
         required=True,
         metavar="K",
         help="CPU devices in each process",
     )
-    parser.add_argument(
+    add(
         "--port",
-        type=_port,
-        default=None,
+        type=_int_arg(1, 65535),
         metavar="P",
         help="coordinator port on 127.0.0.1 (default: a free one)",
     )
-    parser.add_argument(
+    add(
         "--timeout",
         type=_seconds,
         default=DEFAULT_TIMEOUT,
         metavar="S",
         help=f"stop the job after S seconds (default {DEFAULT_TIMEOUT:g})",
     )
-    parser.add_argument(
-        "command",
-        nargs=argparse.REMAINDER,
-        metavar="-- CMD ...",
-        help="the command each process runs",
-    )
+    add("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="what each process runs")
     return parser
 
 
