@@ -24,8 +24,9 @@ MAX_LINE_CHARS = 100  # the text picture stays this narrow
 MAX_LINES = 64  # and this short; larger grids are cut with a note (the SVG has them all)
 MAX_SVG_CELLS = 1 << 16
 
-# ANSI background colours (normal, bright) with black text: 6 hues x 2 shades.
-_ANSI = [f"\x1b[30;{code}m" for code in (*range(41, 47), *range(101, 107))]
+# ANSI backgrounds, 6 hues x 2 shades: normal with white text, bright with black text.
+_ANSI = [f"\x1b[97;{code}m" for code in range(41, 47)]
+_ANSI += [f"\x1b[30;{code}m" for code in range(101, 107)]
 _RESET = "\x1b[0m"
 # The same 6 hues for SVG: dark shades, then light ones.
 _SVG: tuple[str, ...] = ("#e57373", "#81c784", "#ffd54f", "#64b5f6", "#ba68c8", "#4dd0e1")
@@ -264,11 +265,28 @@ def _cell_data(plan: MeshPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool
     return host, granule, plan.table.ids[index], by_granule
 
 
-def _colour_index(host: np.ndarray, granule: np.ndarray, by_granule: bool) -> np.ndarray:
-    """0..11: hue by granule and shade by host parity, or 12 colours cycling over hosts."""
-    if by_granule:
-        return (granule % 6) + 6 * (host % 2)
-    return host % 12
+def _colour_index(hosts: np.ndarray, granules: np.ndarray, by_granule: bool) -> np.ndarray:
+    """0..11 per cell of a 2D picture: hue by granule and one of 2 shades per host, or one of
+    12 colours per host; neighbouring hosts get different shades where the palette allows."""
+    k = 2 if by_granule else 12
+    pairs = [
+        np.stack([a[a != b], b[a != b]], 1)
+        for a, b in ((hosts[:, 1:], hosts[:, :-1]), (hosts[1:], hosts[:-1]))
+    ]
+    edges = np.unique(np.concatenate([*pairs, *(p[:, ::-1] for p in pairs)]), axis=0)
+    neighbours: dict[int, list[int]] = {}
+    for a, b in edges.tolist():
+        neighbours.setdefault(a, []).append(b)
+    order, first = np.unique(hosts, return_index=True)
+    shade: dict[int, int] = {}
+    used = [0] * k
+    for h in order[np.argsort(first)].tolist():  # in order of first appearance
+        taken = {shade[n] for n in neighbours.get(h, ()) if n in shade}
+        free = [c for c in range(k) if c not in taken] or list(range(k))
+        shade[h] = min(free, key=lambda c: (used[c], c))
+        used[shade[h]] += 1
+    shades = np.vectorize(shade.__getitem__, otypes=[np.int64])(hosts)
+    return (granules % 6) + 6 * shades if by_granule else shades
 
 
 def render_grid(plan: MeshPlan, *, color: bool = False, max_lines: int = MAX_LINES) -> str:
@@ -313,7 +331,11 @@ def render_svg(plan: MeshPlan) -> str:
     host, granule, ids, by_granule = _cell_data(plan)
     view = fold(plan.devices.shape, plan.axis_names, max_per_line=64)
     lines = min(view.lines, MAX_SVG_CELLS // view.per_line)
-    colours = _colour_index(host, granule, by_granule)
+    colours = _colour_index(
+        host[: lines * view.per_line].reshape(lines, -1),
+        granule[: lines * view.per_line].reshape(lines, -1),
+        by_granule,
+    ).ravel()
     coords = np.unravel_index(np.arange(host.size), plan.devices.shape)
     cw, ch, top, left = 28, 20, 56, 64
     w, h = left + view.per_line * cw + 8, top + lines * ch + 24

@@ -86,8 +86,8 @@ def test_plan_color_always(capsys):
     _, out, _ = run(
         capsys, "plan", "tpu-v5litepod-256-4", "--strategy", "hsdp", "--color", "always"
     )
-    assert out.count("\x1b[0m") == 1024 or "more lines" in out
-    assert "\x1b[30;4" in out
+    assert out.count("\x1b[0m") == 1024 and "more lines" not in out
+    assert re.search(r"\x1b\[(97;4|30;10)[1-6]m", out)
 
 
 # -- plan: JSON -------------------------------------------------------------------------------

@@ -166,8 +166,24 @@ def test_grid_marks_slices_and_colours():
     coloured = render_grid(plan, color=True)
     assert coloured.count("\x1b[0m") == plan.devices.size
     # one colour family per slice: the two slices share no ANSI code
-    codes = [set(re.findall(r"\x1b\[30;(\d+)m", half)) for half in coloured.split("-" * 10, 1)]
+    codes = [set(re.findall(r"\x1b\[\d+;(\d+)m", half)) for half in coloured.split("-" * 10, 1)]
     assert codes[0] and codes[1] and not codes[0] & codes[1]
+
+
+def test_neighbouring_hosts_get_different_colours():
+    plan = plan_mesh((-1,), tpu_slices((4, 4, 4)), axis_names=("fsdp",), batch_axis_names="fsdp")
+    coloured = render_grid(plan, color=True)
+    grid = [re.findall(r"\x1b\[\d+;(\d+)m *(\d+)", line) for line in coloured.splitlines()[1:]]
+    assert sum(map(len, grid)) == 64
+    hosts_seen = {h for row in grid for _, h in row}
+    assert len(hosts_seen) == 16
+    for r, row in enumerate(grid):
+        for c, (code, host) in enumerate(row):
+            for other in [row[c + 1]] if c + 1 < len(row) else []:
+                assert other[1] == host or other[0] != code
+            if r + 1 < len(grid):
+                below = grid[r + 1][c]
+                assert below[1] == host or below[0] != code
 
 
 def test_grid_is_capped_with_a_note():
