@@ -8,6 +8,7 @@ functions also take a `MeshPlan` (so they work on simulated devices).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -78,16 +79,19 @@ def process_groups(mesh: Any, axes: AxisNames) -> list[tuple[int, ...]]:
     return [tuple(int(p) for p in row[keep]) for row, keep in zip(ordered, first, strict=True)]
 
 
+@functools.lru_cache(maxsize=16)
+def _positions_by_id(mesh: Any) -> dict[Any, int]:
+    """Device id -> flat position in the mesh, read once per mesh."""
+    return {d.id: i for i, d in enumerate(np.asarray(mesh.devices).flat)}
+
+
 def _position(mesh: Any, device: Any) -> tuple[int, ...]:
     devices = np.asarray(mesh.devices)
-    device_id = getattr(device, "id", None)
-    if device_id is not None:
-        ids = np.fromiter((d.id for d in devices.flat), dtype=np.int64, count=devices.size)
-        hits = np.flatnonzero(ids == device_id)
-        if len(hits) == 1:
-            where = np.unravel_index(int(hits[0]), devices.shape)
-            if devices[where] == device:
-                return tuple(int(i) for i in where)
+    flat = _positions_by_id(mesh).get(getattr(device, "id", None))
+    if flat is not None:
+        where = np.unravel_index(flat, devices.shape)
+        if devices[where] == device:
+            return tuple(int(i) for i in where)
     raise MeshConfigError(
         f"device={device!r} is not in the mesh; accepted: one of its {devices.size} devices "
         f"(ids {_id_summary(devices)})"
