@@ -142,11 +142,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             "plan needs exactly one of HARDWARE (e.g. tpu-v5p-512) and --devices local"
         )
     if args.devices == "local":
-        import jax
-
         from .hardware import detect_hardware
 
-        devices: list[Any] = list(jax.devices())
+        devices: list[Any] = _jax_devices()
         selector = detect_hardware(devices)
     else:
         from .hardware import simulate_devices
@@ -157,8 +155,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     notes = [source]
     plan = _plan_with_notes(config, devices, selector, args.granule, notes)
     if args.devices == "local":
+        import jax
+
         mesh = plan.to_jax_mesh()
         notes.append(f"built jax.sharding.Mesh {dict(mesh.shape)} from jax.devices()")
+        if jax.process_index() != 0:  # under `launch`: process 0 speaks for the job
+            return 0
     from . import render
 
     rows = None if args.global_batch is None else render.host_rows(plan, args.global_batch)
@@ -425,12 +427,25 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jax_devices() -> list[Any]:
+    """`jax.devices()`, after joining the job when started by `loadax-mesh launch`."""
+    from .distributed import initialize, launched
+
+    if launched():
+        initialize()
+    import jax
+
+    return list(jax.devices())
+
+
 def _cmd_devices(args: argparse.Namespace) -> int:
     import jax
 
     from .hardware import detect_hardware
 
-    devices = list(jax.devices())
+    devices = _jax_devices()
+    if jax.process_index() != 0:  # under `launch`: every process sees the same global set
+        return 0
     selector = detect_hardware(devices)
     keys = ["id", "platform", "device_kind", "process_index", "slice_index", "coords"]
     keys.append("core_on_chip")

@@ -441,8 +441,8 @@ def _rows_text(rows: list[HostRows], global_batch: int, degree: int) -> list[str
     out = [
         f"           global batch {global_batch}: {_count(global_batch // degree, 'row')} "
         "per shard; "
-        f"{len(rows)} hosts load {'/'.join(map(str, sizes))} rows each, "
-        f"{len(by_set)} distinct row sets"
+        f"{_count(len(rows), 'host')} loading {'/'.join(map(str, sizes))} rows each, "
+        f"{_count(len(by_set), 'distinct row set')}"
     ]
     if any(len(r.ranges) > 1 for r in rows):
         out += [

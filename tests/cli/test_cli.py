@@ -78,7 +78,7 @@ def test_plan_global_batch_rows(capsys):
     assert code == 0
     plan = expected_plan("gpu-p5.48xlarge-256", "hsdp")
     per_shard = 512 // plan.data_parallel_size
-    assert f"global batch 512: {per_shard} rows per shard; 32 hosts" in out
+    assert f"global batch 512: {per_shard} rows per shard; 32 hosts loading" in out
     assert re.search(r"rows 0:\d+ +hosts? 0\b", out)
 
 
@@ -204,6 +204,38 @@ def test_plan_hybrid_shape(capsys):
     assert data["batch_axis_names"] == ["data"]
 
 
+def test_plan_preset_override(capsys):
+    code, out, _ = run(
+        capsys, "plan", "tpu-v5p-512", "--strategy", "fsdp_tp", "--set", "tp=8", "--format", "json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    expected = MeshConfig.from_preset("fsdp_tp", tp=8).plan(
+        simulate_devices("tpu-v5p-512"), selector="tpu-v5p-512"
+    )
+    assert data["shape"] == expected.shape and data["shape"]["model"] == 8
+    assert data["devices"] == expected.to_dict()["devices"]
+
+
+def test_plan_shape_with_a_strategy_keeps_its_axes(capsys):
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "tpu-v5p-512",
+        "--strategy",
+        "fsdp_tp",
+        "--shape",
+        "2,-1,4",
+        "--format",
+        "json",
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["shape"] == {"data": 2, "fsdp": 32, "model": 4}
+    assert data["batch_axis_names"] == ["data", "fsdp"]
+    assert data["notes"][0] == "shape (2, -1, 4) from --shape"
+
+
 def test_plan_without_matching_rule_says_which_shape(capsys, monkeypatch):
     # Every shipped preset covers every platform, so a stand-in preset with a GPU rule only.
     config = MeshConfig((-1, 2), ("data", "model"), "data", (("gpu-.+", (-1, 8)),))
@@ -249,7 +281,9 @@ def test_hardware_table(capsys):
     for word in ("v5p", "v5litepod", "v6e", "7x", "p5.48xlarge", "a3-megagpu-8g", "cpu"):
         assert word in out
     code, out, _ = run(capsys, "hardware", "--format", "json")
-    assert code == 0 and json.loads(out)
+    v5p = next(t for t in json.loads(out) if t["key"] == "v5p")
+    assert v5p["facts"]["dcn_bandwidth"]["value"] == 50 and v5p["facts"]["dcn_bandwidth"]["source"]
+    assert [4, 8, 8] in [t["shape"] for t in v5p["topologies"]]
 
 
 # -- local devices (the 8 CPU devices of tests/conftest.py) --------------------------------------

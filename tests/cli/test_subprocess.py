@@ -99,3 +99,36 @@ def test_local_devices_in_a_fresh_process():
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["hardware"] == "cpu-4" and data["shape"] == {"data": 4}
+
+
+def test_launch_then_plan_local_devices_of_the_whole_job():
+    """`launch` delegates to loadax_mesh.distributed; `plan --devices local` in its children
+    joins the job, so process 0 plans for both processes' devices."""
+    done = run(
+        [
+            *cli(),
+            "launch",
+            "--nprocs",
+            "2",
+            "--devices-per-process",
+            "2",
+            "--",
+            *cli(),
+            "plan",
+            "--devices",
+            "local",
+            "--strategy",
+            "fsdp",
+            "--global-batch",
+            "8",
+            "--format",
+            "json",
+        ],
+        JAX_PLATFORMS="cpu",
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line.split(" ", 1)[1] if " " in line else "" for line in done.stdout.splitlines()]
+    assert all(line.startswith("[0]") for line in done.stdout.splitlines() if line.strip())
+    data = json.loads("\n".join(lines))
+    assert data["hardware"] == "cpu-2x2" and data["hardware_summary"]["hosts"] == 2
+    assert [r["ranges"] for r in data["host_rows"]] == [[[0, 4]], [[4, 8]]]
