@@ -435,7 +435,10 @@ def _jax_devices() -> list[Any]:
         initialize()
     import jax
 
-    return list(jax.devices())
+    try:
+        return list(jax.devices())
+    except RuntimeError as err:  # no backend for JAX_PLATFORMS, e.g. tpu without a TPU
+        raise UsageError(f"jax.devices() failed: {err}") from None
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:

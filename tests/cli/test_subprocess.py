@@ -132,3 +132,10 @@ def test_launch_then_plan_local_devices_of_the_whole_job():
     data = json.loads("\n".join(lines))
     assert data["hardware"] == "cpu-2x2" and data["hardware_summary"]["hosts"] == 2
     assert [r["ranges"] for r in data["host_rows"]] == [[[0, 4]], [[4, 8]]]
+
+
+def test_local_devices_without_the_platform_is_one_line():
+    done = run([*cli(), "plan", "--devices", "local", "--strategy", "fsdp"])  # tpu, no TPU
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("loadax-mesh: error: jax.devices() failed: ")
+    assert done.stderr.count("\n") == 1
