@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from html import escape
 from typing import TYPE_CHECKING, Any
-from xml.sax.saxutils import escape
 
 import numpy as np
 
