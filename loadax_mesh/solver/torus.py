@@ -1,22 +1,360 @@
-"""ICI rings on a TPU torus (interim: positions in row-major order; the ring solver replaces it)."""
+"""ICI rings on a TPU torus: which physical dims each mesh axis takes, and in what order.
+
+A granule is a grid of physical dims: the chip dims (a ring where the dim wraps, else a path)
+and, last, the cores of a chip (0 hops apart). Each logical axis takes a factor of every
+physical dim (1 for most). Inside a dim shared by several axes the later, more
+communication-intensive axis takes the inner, contiguous factor and an earlier axis the outer,
+strided one. Every line of an axis is then a translate of one ring through that axis's own
+factors, so one ring is solved per axis (a cheap Hamiltonian cycle through the factors' grid,
+the cores of a chip next to each other) and the mesh is the outer sum of the axes' rings.
+
+The factors are chosen by an exact search over the axes from last to first: the largest sum of
+ring efficiencies wins, ties going to fewer hops on the last axis, then the one before it. An
+axis's hops depend only on its own factors and on the strides the later axes leave it, so each
+state (axis, factors left) is solved once. Any shape whose product is the granule's device
+count has an assignment (each prime's exponents can always be shared out), prime factors such
+as the 5 and 7 of a 16x20x28 pod included.
+"""
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import MeshConfigError
 
 
-def order_torus(chip_shape: tuple[int, ...], ici_mesh_shape: tuple[int, ...], *,
-                wrap: tuple[bool, ...], cores_per_chip: int = 1) -> np.ndarray:
+class Factor(NamedTuple):
+    """One axis's share of one physical dim: `size` positions, `stride` apart."""
+
+    dim: int  # index into (*chip_shape, cores)
+    size: int
+    stride: int
+    extent: int  # the dim's size
+    wrap: bool
+    free: bool  # the cores of a chip: moving along it costs no hop
+
+    def hops(self, units: int) -> int:
+        """Hops between two positions `units` apart along this factor."""
+        if self.free:
+            return 0
+        d = abs(units) * self.stride
+        return min(d, self.extent - d) if self.wrap else d
+
+
+@dataclass(frozen=True)
+class Ring:
+    """How one axis's ring runs: through the `chip` factors (inner first) by `method`, with the
+    `cores` factors innermost. `hops` is the cost of one ring, as DESIGN.md section 5 counts it."""
+
+    chip: tuple[Factor, ...]
+    cores: tuple[Factor, ...]
+    method: str  # "snake", "lane_outer" or "lane_inner"
+    hops: int
+
+
+@dataclass(frozen=True)
+class TorusSolution:
+    """The solver's answer: per axis its factors and ring, and the position grid."""
+
+    dims: tuple[int, ...]  # (*chip_shape, cores_per_chip)
+    assignment: np.ndarray  # (physical dims, axes): the factor each axis takes of each dim
+    rings: tuple[Ring, ...]
+    order: np.ndarray  # shaped like the ICI mesh, holding granule positions
+
+
+def order_torus(
+    chip_shape: tuple[int, ...],
+    ici_mesh_shape: tuple[int, ...],
+    *,
+    wrap: tuple[bool, ...],
+    cores_per_chip: int = 1,
+) -> np.ndarray:
     """An int array of shape `ici_mesh_shape` holding granule positions, where a position is
     `np.ravel_multi_index((*chip_coords, core), (*chip_shape, cores_per_chip))`."""
-    size = math.prod(chip_shape) * cores_per_chip
-    if math.prod(ici_mesh_shape) != size:
+    return solve_torus(chip_shape, ici_mesh_shape, wrap=wrap, cores_per_chip=cores_per_chip).order
+
+
+def solve_torus(
+    chip_shape: Sequence[int],
+    ici_mesh_shape: Sequence[int],
+    *,
+    wrap: Sequence[bool],
+    cores_per_chip: int = 1,
+) -> TorusSolution:
+    """Assign physical factors to the axes of `ici_mesh_shape` and order each axis as a ring."""
+    chips = tuple(int(n) for n in chip_shape)
+    sizes = tuple(int(n) for n in ici_mesh_shape)
+    wraps = tuple(bool(w) for w in wrap)
+    if len(wraps) != len(chips):
         raise MeshConfigError(
-            f"ici_mesh_shape={ici_mesh_shape} needs {math.prod(ici_mesh_shape)} devices but the "
-            f"torus {chip_shape} x {cores_per_chip} cores holds {size}"
+            f"wrap={tuple(wrap)} has {len(wraps)} entries but chip_shape={chips} has "
+            f"{len(chips)} dims; accepted: one flag per chip dim"
         )
-    return np.arange(size).reshape(ici_mesh_shape)
+    if min(chips, default=0) < 1 or cores_per_chip < 1 or min(sizes, default=0) < 1:
+        raise MeshConfigError(
+            f"chip_shape={chips}, cores_per_chip={cores_per_chip}, ici_mesh_shape={sizes}; "
+            "accepted: positive sizes"
+        )
+    dims = (*chips, cores_per_chip)
+    if math.prod(sizes) != math.prod(dims):
+        raise MeshConfigError(
+            f"ici_mesh_shape={sizes} needs {math.prod(sizes)} devices but the torus {chips} x "
+            f"{cores_per_chip} cores holds {math.prod(dims)}; accepted: a shape whose product "
+            "is the granule's device count"
+        )
+    free = (False,) * len(chips) + (True,)
+    wraps = (*wraps, False)
+    columns = _search(dims, wraps, free, sizes)
+    assignment = np.array(columns, dtype=np.int64).T.reshape(len(dims), len(sizes))
+    rings = []
+    strides = [1] * len(dims)
+    parts: list[np.ndarray] = [np.zeros(1, np.int64)] * len(sizes)
+    dim_step = [math.prod(dims[p + 1 :]) for p in range(len(dims))]
+    for axis in reversed(range(len(sizes))):
+        factors = tuple(
+            Factor(p, a, strides[p], dims[p], wraps[p], free[p])
+            for p, a in enumerate(columns[axis])
+            if a > 1
+        )
+        ring = best_ring(factors)
+        rings.append(ring)
+        digits = ring_digits(ring)
+        weights = [f.stride * dim_step[f.dim] for f in (*ring.chip, *ring.cores)]
+        parts[axis] = digits @ np.asarray(weights, np.int64) if weights else parts[axis]
+        for p, a in enumerate(columns[axis]):
+            strides[p] *= a
+    order = parts[0]
+    for part in parts[1:]:
+        order = np.add.outer(order, part)
+    return TorusSolution(
+        dims, assignment, tuple(reversed(rings)), np.asarray(order, np.int64).reshape(sizes)
+    )
+
+
+# -- choosing factors ----------------------------------------------------------------------
+
+
+def _search(
+    dims: tuple[int, ...], wraps: tuple[bool, ...], free: tuple[bool, ...], sizes: tuple[int, ...]
+) -> list[tuple[int, ...]]:
+    """Per axis, the factor it takes of every dim.
+
+    The aim, compared as a tuple: the largest sum over axes of ring efficiency (steps / hops),
+    then the fewest hops on the last axis, then on the one before it, and so on. An axis's hops
+    depend only on its factors and on the factors left to it (which fix its strides), so the
+    best completion of a state (axis, factors left) is computed once.
+    """
+    count = len(sizes)
+    Value = tuple[Fraction, ...]
+    memo: dict[tuple[int, tuple[int, ...]], tuple[Value, tuple[tuple[int, ...], ...]]] = {}
+    ring_memo: dict[tuple[Factor, ...], int] = {}
+    cores = dims[-1]
+    # The cores of a chip go together to the last axis that can hold them all.
+    core_axis = max((a for a, n in enumerate(sizes) if n % cores == 0), default=-1)
+    # The most efficiency axes 0..a can reach together: once met, no other choice is better.
+    ceiling = list(
+        itertools.accumulate(
+            _best_efficiency(n, cores if core_axis in (a, -1) else 1) for a, n in enumerate(sizes)
+        )
+    )
+
+    def best(axis: int, left: tuple[int, ...]) -> tuple[Value, tuple[tuple[int, ...], ...]]:
+        if axis < 0:
+            return (Fraction(0),) * (count + 1), ()
+        key = (axis, left)
+        if key in memo:
+            return memo[key]
+        found: tuple[Value, tuple[tuple[int, ...], ...]] | None = None
+        for column in _columns(left, sizes[axis]):
+            if axis >= core_axis >= 0 and column[-1] != (cores if axis == core_axis else 1):
+                continue
+            factors = tuple(
+                Factor(p, a, dims[p] // left[p], dims[p], wraps[p], free[p])
+                for p, a in enumerate(column)
+                if a > 1
+            )
+            hops = ring_memo.get(factors)
+            if hops is None:
+                hops = ring_memo[factors] = best_ring(factors).hops
+            mine = _efficiency(sizes[axis], hops)
+            if found is not None and mine + (ceiling[axis - 1] if axis else 0) < found[0][0]:
+                continue  # even the best completion would lose
+            rest, columns = best(axis - 1, tuple(n // a for n, a in zip(left, column, strict=True)))
+            value = list(rest)
+            value[0] += mine
+            value[count - axis] -= hops
+            if found is None or tuple(value) > found[0]:
+                found = (tuple(value), (*columns, column))
+                if value[0] >= ceiling[axis]:
+                    break
+        if found is None:  # cannot happen: the prime exponents always balance
+            raise MeshConfigError(f"ici_mesh_shape={sizes} cannot be laid on dims {dims}")
+        memo[key] = found
+        return found
+
+    return list(best(count - 1, dims)[1])
+
+
+def _efficiency(size: int, hops: int) -> Fraction:
+    """Ring steps per hop of one ring of `size` devices; a ring on one chip counts half a hop."""
+    steps = size if size > 2 else size - 1
+    return Fraction(steps, hops) if hops else Fraction(2 * steps)
+
+
+def _best_efficiency(size: int, cores: int) -> Fraction:
+    """What `_efficiency` can reach at best on an axis of `size` holding `cores` per chip."""
+    chips = size // cores
+    if chips == 1:
+        return _efficiency(size, 0)
+    return Fraction(size if size > 2 else 1, chips if chips > 2 else 2 if cores > 1 else 1)
+
+
+def _columns(left: tuple[int, ...], size: int) -> Iterator[tuple[int, ...]]:
+    """Every way to take `size` as a product of divisors of the dims left, one per dim."""
+    if not left:
+        if size == 1:
+            yield ()
+        return
+    rest = math.prod(left[1:])
+    for d in reversed(_divisors(math.gcd(left[0], size))):  # whole dims first
+        if rest % (size // d) == 0:
+            for tail in _columns(left[1:], size // d):
+                yield (d, *tail)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+# -- one ring through an axis's factors ----------------------------------------------------
+
+
+def best_ring(factors: tuple[Factor, ...]) -> Ring:
+    """The cheapest of a few Hamiltonian-cycle constructions through the factors' grid.
+
+    The cores of a chip go innermost (consecutive devices of a ring share a chip there); the
+    chip factors are tried in every order with three constructions: a closed snake
+    (boustrophedon: a ring when its outermost factor wraps or has size 2) and two "lane" cycles
+    that snake through all but one row or column and come back along it (a ring on any grid of
+    even size, with or without wraparound).
+    """
+    cores = tuple(f for f in factors if f.free)
+    chip = tuple(f for f in factors if not f.free)
+    count = math.prod(f.size for f in chip)
+    if count == 1:
+        return Ring(chip, cores, "snake", 0)
+    if count == 2:  # one pair; around a ring it is crossed twice when the cores come along
+        return Ring(chip, cores, "snake", chip[0].hops(1) * (2 if cores else 1))
+    floor = count * min(f.hops(1) for f in chip)  # no cycle can cost less: stop there
+    best: Ring | None = None
+    for perm in _orders(chip):
+        costs = [(f.size, f.hops(1), f.hops(f.size - 1)) for f in perm]
+        for method in ("snake", "lane_outer", "lane_inner") if len(perm) > 1 else ("snake",):
+            hops = _cycle_hops(costs, method)
+            if best is None or hops < best.hops:
+                best = Ring(perm, cores, method, hops)
+                if hops <= floor:
+                    return best
+    assert best is not None
+    return best
+
+
+def _orders(chip: tuple[Factor, ...]) -> Iterator[tuple[Factor, ...]]:
+    """The factor orders worth trying (factors equal but for their dim are interchangeable)."""
+    seen = set()
+    for perm in itertools.permutations(chip):
+        shape = tuple(f[1:] for f in perm)
+        if shape not in seen:
+            seen.add(shape)
+            yield perm
+
+
+Costs = list[tuple[int, int, int]]  # per factor, inner first: (size, hops of 1 step, of size-1)
+
+
+def _snake_costs(costs: Costs) -> tuple[int, int]:
+    """(hops along, hops back from last to first) of a boustrophedon path, inner factor first.
+
+    Factor i moves (size - 1) times per sweep and sweeps once per position of the factors
+    outside it; it ends at its last position when that count is odd, else back at 0.
+    """
+    along = back = 0
+    sweeps = 1
+    for size, step, span in reversed(costs):
+        along += (size - 1) * sweeps * step
+        back += span if sweeps % 2 else 0
+        sweeps *= size
+    return along, back
+
+
+def _cycle_hops(costs: Costs, method: str) -> int:
+    """Hops of one full cycle built by `method` through factors `costs` (inner first)."""
+    if method == "snake":
+        along, back = _snake_costs(costs)
+        return along + back
+    (r, x_step, x_span), inner = costs[-1], costs[:-1]
+    c = math.prod(size for size, _, _ in inner)
+    along, back = _snake_costs(inner)
+    if method == "lane_outer":
+        # For each inner position: x runs over 1..r-1 back and forth; home along x = 0.
+        end = x_span if c % 2 else x_step
+        return c * (r - 2) * x_step + 2 * along + end + x_step
+    # lane_inner: for each x: the inner path runs over its positions 1..c-1 back and forth;
+    # home along inner position 0.
+    first = inner[0][1]
+    end = back if r % 2 else first
+    return r * (along - first) + 2 * (r - 1) * x_step + end + first
+
+
+def _snake(sizes: Sequence[int]) -> np.ndarray:
+    """Boustrophedon order over a grid (inner size first): (count, len(sizes)) digits."""
+    count = math.prod(sizes)
+    t = np.arange(count, dtype=np.int64)
+    digits = np.empty((count, len(sizes)), np.int64)
+    below = 1
+    for i, n in enumerate(sizes):
+        raw = (t // below) % n
+        sweep = t // (below * n)  # completed sweeps of this digit: odd ones run backwards
+        digits[:, i] = np.where(sweep % 2 == 1, n - 1 - raw, raw)
+        below *= n
+    return digits
+
+
+def ring_digits(ring: Ring) -> np.ndarray:
+    """The ring as digits, one column per factor: `ring.chip` in order, then `ring.cores`."""
+    fs = ring.chip
+    count = math.prod(f.size for f in fs)
+    if ring.method == "snake" or len(fs) < 2:
+        chip = _snake([f.size for f in fs])
+    else:
+        r = fs[-1].size
+        inner = _snake([f.size for f in fs[:-1]])
+        c = len(inner)
+        if ring.method == "lane_outer":
+            y = np.repeat(np.arange(c), r - 1)
+            k = np.tile(np.arange(r - 1), c)
+            x = np.where(y % 2 == 0, 1 + k, r - 1 - k)
+            y = np.concatenate([y, np.arange(c - 1, -1, -1)])
+            x = np.concatenate([x, np.zeros(c, np.int64)])
+        else:
+            x = np.repeat(np.arange(r), c - 1)
+            k = np.tile(np.arange(c - 1), r)
+            y = np.where(x % 2 == 0, 1 + k, c - 1 - k)
+            x = np.concatenate([x, np.arange(r - 1, -1, -1)])
+            y = np.concatenate([y, np.zeros(r, np.int64)])
+        chip = np.column_stack([inner[y], x])
+    assert len(chip) == count
+    if not ring.cores:
+        return chip
+    core = _snake([f.size for f in ring.cores])
+    return np.concatenate(
+        [np.repeat(chip, len(core), axis=0), np.tile(core, (len(chip), 1))], axis=1
+    )
