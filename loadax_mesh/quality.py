@@ -1,10 +1,11 @@
 """How good a layout is, per mesh axis (DESIGN.md section 5). Pure numpy.
 
-Every line of devices along an axis is cut into its ICI runs (consecutive devices of one
-granule). A run of k > 2 devices is a ring of k steps (last back to first), a run of 2 is one
-step. On a TPU torus a step costs the hop distance between its chips (sum over dims of
-`min(d, n - d)` where the dim wraps, else `d`); cores of one chip are 0 apart. On a switched
-fabric (GPU NVLink, CPU) every step is one hop.
+Every line of devices along an axis (all other mesh coordinates fixed) is cut into its ICI runs:
+maximal stretches of consecutive devices in one granule. A run of k > 2 devices is a ring of k
+steps (last back to first), a run of 2 is one step, a run of 1 none. On a TPU torus a step
+costs the hop distance between its chips (sum over dims of `min(d, n - d)` where the dim wraps,
+else `d`); cores of one chip are 0 apart. On a switched fabric (GPU NVLink, CPU) every step is
+one hop. The DCN side of a line is good when it enters each of its granules exactly once.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .solver.hybrid import Layout
+from .solver.hybrid import Layout, Torus
 
 
 @dataclass(frozen=True)
@@ -27,48 +28,68 @@ class AxisQuality:
     dcn: int
     ring_steps: int  # over all ICI runs of all lines
     hops: int  # physical hops those steps take
-    efficiency: float  # ring_steps / hops; 1.0 = every step a direct link
+    efficiency: float  # ring_steps / hops; 1.0 = every step a direct link (1.0 if no hops)
     dcn_crossings: int  # per line, the most granule changes seen
-    dcn_ok: bool  # every line enters each granule once: crossings == dcn - 1
+    dcn_ok: bool  # every line enters each of `dcn` granules once: dcn - 1 changes, dcn granules
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def axis_quality(layout: Layout, coords: np.ndarray | None, axis_names: tuple[str, ...],
-                 dcn_mesh_shape: tuple[int, ...]) -> dict[str, AxisQuality]:
+def axis_quality(
+    layout: Layout,
+    coords: np.ndarray | None,
+    axis_names: tuple[str, ...],
+    dcn_mesh_shape: tuple[int, ...],
+) -> dict[str, AxisQuality]:
     """The quality of every axis of `layout`; `coords` are chip positions per table row."""
+    torus = layout.torus if coords is not None else None
     result = {}
     for axis, name in enumerate(axis_names):
         size = layout.index.shape[axis]
         dcn = dcn_mesh_shape[axis]
-        ici = size // dcn
         lines = np.moveaxis(layout.index, axis, -1).reshape(-1, size)
         granules = layout.granule[lines]
-        crossings = (granules[:, 1:] != granules[:, :-1]).sum(axis=1)
-        runs = lines.reshape(-1, ici)  # one row per ICI run
-        steps, hops = _ring_cost(runs, layout, coords)
+        changes = granules[:, 1:] != granules[:, :-1]
+        crossings = changes.sum(axis=1)
+        distinct = 1 + (np.diff(np.sort(granules, axis=1), axis=1) != 0).sum(axis=1)
+        steps, hops = ring_cost(lines, ~changes, torus, coords)
         result[name] = AxisQuality(
-            axis=name, size=size, ici=ici, dcn=dcn, ring_steps=steps, hops=hops,
+            axis=name,
+            size=size,
+            ici=size // dcn,
+            dcn=dcn,
+            ring_steps=steps,
+            hops=hops,
             efficiency=round(steps / hops, 6) if hops else 1.0,
-            dcn_crossings=int(crossings.max()), dcn_ok=bool((crossings == dcn - 1).all()),
+            dcn_crossings=int(crossings.max()),
+            dcn_ok=bool(((crossings == dcn - 1) & (distinct == dcn)).all()),
         )
     return result
 
 
-def _ring_cost(runs: np.ndarray, layout: Layout, coords: np.ndarray | None) -> tuple[int, int]:
-    """(steps, hops) over all runs: each run closes into a ring when longer than 2."""
-    k = runs.shape[1]
-    if k < 2:
+def ring_cost(
+    lines: np.ndarray, same: np.ndarray, torus: Torus | None, coords: np.ndarray | None
+) -> tuple[int, int]:
+    """(steps, hops) over every run of every line; `same[i, j]` says whether devices j and j+1
+    of line i are in one granule (one run). Runs longer than 2 close into rings."""
+    rows, size = lines.shape
+    if size < 2:
         return 0, 0
-    nxt = np.roll(runs, -1, axis=1) if k > 2 else runs[:, 1:]
-    cur = runs if k > 2 else runs[:, :1]
-    steps = cur.size
-    torus = layout.torus
+    # Flat positions of each run's first and last device.
+    first = np.ones((rows, size), bool)
+    first[:, 1:] = ~same
+    last = np.ones((rows, size), bool)
+    last[:, :-1] = ~same
+    starts, ends = np.flatnonzero(first), np.flatnonzero(last)
+    closing = ends - starts + 1 > 2
+    flat = lines.reshape(-1)
+    cur = np.concatenate([lines[:, :-1][same], flat[ends[closing]]])
+    nxt = np.concatenate([lines[:, 1:][same], flat[starts[closing]]])
+    steps = len(cur)
     if torus is None or coords is None:
         return steps, steps
-    delta = np.abs(coords[cur] - coords[nxt])  # (runs, steps, dims)
+    delta = np.abs(coords[cur] - coords[nxt])
     dims = np.asarray(torus.chip_shape)
-    wrapped = np.minimum(delta, dims - delta)
-    delta = np.where(np.asarray(torus.wrap), wrapped, delta)
+    delta = np.where(np.asarray(torus.wrap), np.minimum(delta, dims - delta), delta)
     return steps, int(delta.sum())
