@@ -8,6 +8,7 @@ after that is numpy array work.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -52,37 +53,142 @@ class DeviceTable:
 
 
 _READ_ALL = attrgetter("id", "process_index", "platform", "device_kind")
+# TPU (and most GPU) devices carry every attribute: one pass reads them straight into arrays.
+_READ_FULL = attrgetter(
+    "id", "process_index", "platform", "device_kind", "slice_index", "coords", "core_on_chip"
+)
+_FULL_ROW = np.dtype(
+    [
+        ("id", np.int64),
+        ("process_index", np.int64),
+        ("platform", object),
+        ("device_kind", object),
+        ("slice_index", np.int64),
+        ("coords", object),
+        ("core_on_chip", np.int64),
+    ]
+)
 
 
 def read_devices(devices: Sequence[Any]) -> DeviceTable:
     """Read a device set once into a DeviceTable; reject empty, mixed or duplicated sets."""
-    devs = list(devices.flat) if isinstance(devices, np.ndarray) else list(devices)
-    if not devs:
+    devs = list(devices.flat) if isinstance(devices, np.ndarray) else devices
+    n = len(devs)
+    if not n:
         raise MeshConfigError("devices=[] is empty; accepted: one or more devices")
+    try:
+        rows = np.fromiter(map(_READ_FULL, devs), _FULL_ROW, n)
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return _read_each(devs)  # some attribute missing or None (CPU, GPU without slices)
+    platform, kind = _one_kind(rows["platform"].tolist(), rows["device_kind"].tolist())
+    ids = _distinct_ids(rows["id"].copy())
+    coords = cores = None
+    slices = rows["slice_index"].copy()
+    if platform == "tpu":
+        try:
+            coords = _coords(rows["coords"], _slice_length(slices))
+        except TypeError:  # a device without a chip position
+            return _read_each(devs)
+        cores = rows["core_on_chip"].copy()
+    return DeviceTable(
+        np.fromiter(devs, object, n),
+        ids,
+        rows["process_index"].copy(),
+        slices,
+        platform,
+        kind,
+        coords,
+        cores,
+    )
+
+
+def _read_each(devs: Sequence[Any]) -> DeviceTable:
+    """The general reader: attributes beyond id, platform, device_kind and process_index are
+    optional (`slice_index` is kept only when every device has one)."""
     try:
         ids, procs, platforms, kinds = zip(*map(_READ_ALL, devs), strict=True)
     except AttributeError as err:
         raise MeshConfigError(
             f"devices: {err}; accepted: objects with id, platform, device_kind, process_index"
         ) from None
-    if len(set(platforms)) > 1 or len(set(kinds)) > 1:
+    platform, kind = _one_kind(list(platforms), list(kinds))
+    id_arr = _distinct_ids(np.asarray(ids, dtype=np.int64))
+    slices = [getattr(d, "slice_index", None) for d in devs]
+    slice_arr = None if any(s is None for s in slices) else np.asarray(slices, dtype=np.int64)
+    coords = cores = None
+    if platform == "tpu" and all(getattr(d, "coords", None) is not None for d in devs):
+        coords = _coords([d.coords for d in devs])
+        cores = np.asarray([getattr(d, "core_on_chip", 0) for d in devs], dtype=np.int64)
+    return DeviceTable(
+        np.fromiter(devs, object, len(devs)),
+        id_arr,
+        np.asarray(procs, dtype=np.int64),
+        slice_arr,
+        platform,
+        kind,
+        coords,
+        cores,
+    )
+
+
+def _one_kind(platforms: list[Any], kinds: list[Any]) -> tuple[str, str]:
+    """The one platform and device kind of the set, or an error naming the mix."""
+    n = len(platforms)
+    if platforms.count(platforms[0]) != n or kinds.count(kinds[0]) != n:
         raise MeshConfigError(
             f"devices mix platforms {sorted(set(platforms))} / kinds {sorted(set(kinds))}; "
             "accepted: one kind of device"
         )
-    id_arr = np.asarray(ids, dtype=np.int64)
-    if len(np.unique(id_arr)) != len(id_arr):
+    return platforms[0], kinds[0]
+
+
+def _distinct_ids(ids: np.ndarray) -> np.ndarray:
+    """`ids`, checked for repeats (a mark per id when they span a small range, else a sort)."""
+    lo, hi = int(ids.min()), int(ids.max())
+    if hi - lo < 4 * len(ids):
+        marks = np.zeros(hi - lo + 1, np.int8)
+        marks[ids - lo] = 1
+        repeated = int(marks.sum()) != len(ids)
+    else:
+        ordered = np.sort(ids)
+        repeated = bool((ordered[1:] == ordered[:-1]).any())
+    if repeated:
         raise MeshConfigError("devices hold a device id more than once; accepted: distinct devices")
-    slices = [getattr(d, "slice_index", None) for d in devs]
-    slice_arr = None if any(s is None for s in slices) else np.asarray(slices, dtype=np.int64)
-    coords = cores = None
-    if platforms[0] == "tpu" and all(getattr(d, "coords", None) is not None for d in devs):
-        coords = np.asarray([d.coords for d in devs], dtype=np.int64)
-        cores = np.asarray([getattr(d, "core_on_chip", 0) for d in devs], dtype=np.int64)
-    array = np.empty(len(devs), dtype=object)
-    array[:] = devs
-    return DeviceTable(array, id_arr, np.asarray(procs, dtype=np.int64), slice_arr,
-                       platforms[0], kinds[0], coords, cores)
+    return ids
+
+
+def _slice_length(slices: np.ndarray) -> int:
+    """Devices per slice when the devices come slice by slice in equal runs (as JAX lists
+    them), else 0."""
+    starts = np.flatnonzero(slices[1:] != slices[:-1]) + 1
+    if not len(starts):
+        return 0
+    length = int(starts[0])
+    if len(slices) % length or not np.array_equal(starts, np.arange(length, len(slices), length)):
+        return 0
+    return length
+
+
+def _coords(coords: Any, period: int = 0) -> np.ndarray:
+    """The chip positions as an (n, d) int array; all must have the same number of dims (checked
+    by the total count: one pass over the devices is all this reader allows itself).
+
+    When every slice of `period` devices lists the same positions in the same order (the usual
+    case), only the first slice's are converted: comparing the rest costs a third as much.
+    """
+    n = len(coords)
+    if period and isinstance(coords, np.ndarray):
+        blocks = coords.reshape(-1, period)
+        if bool((blocks[1:] == blocks[:1]).all()):
+            return np.tile(_coords(blocks[0]), (n // period, 1))
+    d = len(coords[0])
+    flat = np.fromiter(itertools.chain.from_iterable(coords), np.int64)
+    if flat.size != n * d:
+        raise MeshConfigError(
+            f"devices have coords of different lengths (first: {tuple(coords[0])}); "
+            "accepted: one chip position of the same length per TPU device"
+        )
+    return flat.reshape(n, d)
 
 
 def granule_keys(table: DeviceTable, granule: GranuleSpec) -> tuple[np.ndarray, str]:
@@ -93,7 +199,7 @@ def granule_keys(table: DeviceTable, granule: GranuleSpec) -> tuple[np.ndarray, 
     other platforms take `process_index`.
     """
     if callable(granule):
-        keys = [granule(d) for d in table.devices]
+        keys: list[Any] = [granule(d) for d in table.devices]
         try:
             order = sorted(set(keys))
         except TypeError:
@@ -110,7 +216,9 @@ def granule_keys(table: DeviceTable, granule: GranuleSpec) -> tuple[np.ndarray, 
         )
     kind = granule
     if granule == "auto":
-        several_slices = table.slice_index is not None and len(np.unique(table.slice_index)) > 1
+        several_slices = table.slice_index is not None and bool(
+            table.slice_index.min() != table.slice_index.max()
+        )
         if table.platform == "tpu":
             kind = "slice" if several_slices else "none"
         elif table.platform == "gpu":
@@ -128,4 +236,15 @@ def granule_keys(table: DeviceTable, granule: GranuleSpec) -> tuple[np.ndarray, 
         values = table.slice_index
     else:
         values = table.process_index
-    return np.unique(values, return_inverse=True)[1].astype(np.int64), kind
+    return dense_rank(values), kind
+
+
+def dense_rank(values: np.ndarray) -> np.ndarray:
+    """Per value, its index among the distinct values in sorted order (np.unique's inverse,
+    by marking when the values span a small range)."""
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo >= 4 * len(values):
+        return np.unique(values, return_inverse=True)[1].astype(np.int64).reshape(-1)
+    present = np.zeros(hi - lo + 1, np.int64)
+    present[values - lo] = 1
+    return (np.cumsum(present) - 1)[values - lo]

@@ -73,25 +73,33 @@ def assemble(members: np.ndarray, ici: tuple[int, ...], dcn: tuple[int, ...]) ->
     return grid.transpose(interleave).reshape([d * c for d, c in zip(dcn, ici, strict=True)])
 
 
-def _torus_members(table: DeviceTable, granule: np.ndarray, num_granules: int,
-                   ici: tuple[int, ...]) -> tuple[Torus | None, np.ndarray | None]:
+def _torus_members(
+    table: DeviceTable, granule: np.ndarray, num_granules: int, ici: tuple[int, ...]
+) -> tuple[Torus | None, np.ndarray | None]:
     """Each granule's devices in torus-ring order, or (None, None) if the chips form no box."""
     from ..hardware import wraparound
 
     assert table.coords is not None and table.core_on_chip is not None
-    by_granule = np.argsort(granule, kind="stable").reshape(num_granules, -1)
-    coords = table.coords[by_granule]  # (G, n, d)
-    cores = table.core_on_chip[by_granule]
-    origin = coords.min(axis=1, keepdims=True)
-    local = coords - origin
-    chip_shape = tuple(int(x) + 1 for x in local.max(axis=(0, 1)))
-    if not (local.max(axis=1) == np.array(chip_shape) - 1).all():
+    n = len(granule)
+    dims = np.ascontiguousarray(table.coords.T)  # (d, n): reductions run along memory
+    cores = table.core_on_chip
+    if num_granules == 1 or bool((granule[1:] >= granule[:-1]).all()):
+        by_granule = np.arange(n).reshape(num_granules, -1)  # listed granule by granule
+    else:
+        by_granule = np.argsort(granule, kind="stable").reshape(num_granules, -1)
+        dims, cores = dims[:, by_granule.ravel()], cores[by_granule.ravel()]
+    dims = dims.reshape(len(dims), num_granules, -1)  # (d, G, per granule)
+    cores = cores.reshape(num_granules, -1)
+    origin, top = dims.min(axis=2, keepdims=True), dims.max(axis=2, keepdims=True)
+    extent = top - origin
+    chip_shape = tuple(int(x) + 1 for x in extent.max(axis=(1, 2)))
+    if not (extent == extent[:, :1]).all():
         return None, None  # granules of different chip shapes
     cores_per_chip = int(cores.max()) + 1
     full = (*chip_shape, cores_per_chip)
-    if math.prod(full) != by_granule.shape[1]:
+    if math.prod(full) != by_granule.shape[1] or int(cores.min()) < 0:
         return None, None  # holes: the chips do not fill a box
-    position = np.ravel_multi_index((*np.moveaxis(local, -1, 0), cores), full)
+    position = np.ravel_multi_index((*(dims - origin), cores), full)
     slots = np.full_like(by_granule, -1)
     np.put_along_axis(slots, position, by_granule, axis=1)
     if (slots < 0).any():
