@@ -230,3 +230,48 @@ def test_text_report_gpu_and_cpu():
     assert "32 GPUs, 4 hosts" in gpu and "4 NVLink domains of 8 GPUs (1 host each)" in gpu
     cpu = render_text(PLANS["cpu-shared"](), notes=("hello",))
     assert "8 devices, 2 processes" in cpu and "note       hello" in cpu
+
+
+class _DuckMesh:
+    """What batch.host_batch_slice reads of a mesh: devices and axis names (no jax needed)."""
+
+    def __init__(self, plan):
+        self.devices, self.axis_names = plan.devices, plan.axis_names
+
+
+@pytest.mark.parametrize(
+    ("hardware", "strategy"),
+    [
+        ("gpu-p5.48xlarge-256", "fsdp_tp"),
+        ("gpu-a4x-highgpu-4g-144", "hsdp"),
+        ("tpu-v5p-512", "fsdp_tp"),
+        ("tpu-v5p-512", "fsdp"),
+        ("tpu-v5litepod-256-4", "hsdp"),
+        ("cpu-2x4", "fsdp"),
+    ],
+)
+def test_host_rows_agree_with_batch_host_batch_slice(hardware, strategy):
+    from loadax_mesh import MeshConfig, simulate_devices
+    from loadax_mesh.batch import host_batch_slice
+
+    plan = MeshConfig.from_preset(strategy).plan(simulate_devices(hardware), selector=hardware)
+    batch = 4 * plan.data_parallel_size
+    rows = host_rows(plan, batch)
+    if all(len(r.ranges) == 1 for r in rows):
+        for r in rows:
+            s = host_batch_slice(
+                _DuckMesh(plan), batch, plan.batch_axis_names, process_index=r.host
+            )
+            assert (s.start, s.stop, s.shard_index, s.num_shards) == (
+                *r.ranges[0],
+                r.shard_index,
+                r.num_shards,
+            )
+    else:  # a host holds several row ranges: host_batch_slice refuses such layouts
+        with pytest.raises(MeshConfigError, match="not one contiguous range"):
+            host_batch_slice(
+                _DuckMesh(plan),
+                batch,
+                plan.batch_axis_names,
+                process_index=next(r.host for r in rows if len(r.ranges) > 1),
+            )
