@@ -176,6 +176,18 @@ def test_split_favours_the_later_axis():
     assert eff[1] > eff[0]
 
 
+def test_near_ties_go_to_the_later_axis():
+    """v5e 16x16 as (64, 4): the 4 gets a 2x2 ring (MaxText's hand-made 64x4 layout does the
+    same), not a line of 4, and the sum still beats JAX's split layout."""
+    chip, wrap = (16, 16, 1), (True, True, False)
+    solution = solve_torus(chip, (64, 4), wrap=wrap)
+    assert solution.assignment[:, 1].tolist() == [2, 2, 1, 1]
+    ours = efficiency(solution.order, chip, wrap)
+    theirs = efficiency(jax_split((64, 4), chip, "TPU v5 lite"), chip, wrap)
+    assert ours[1] == 1.0 > theirs[1]
+    assert sum(ours) >= sum(theirs)
+
+
 def test_full_v5p_pod_with_prime_factors_plans():
     """16x20x28 with (70, 128): JAX 0.10.2's factoriser drops the 5 and 7 and cannot split."""
     chip = (16, 20, 28)

@@ -9,7 +9,8 @@ factors, so one ring is solved per axis (a cheap Hamiltonian cycle through the f
 the cores of a chip next to each other) and the mesh is the outer sum of the axes' rings.
 
 The factors are chosen by an exact search over the axes from last to first: the largest sum of
-ring efficiencies wins, ties going to fewer hops on the last axis, then the one before it. An
+ring efficiencies wins (later axes weigh a little more), ties going to fewer hops on the last
+axis, then the one before it. An
 axis's hops depend only on its own factors and on the strides the later axes leave it, so each
 state (axis, factors left) is solved once. Any shape whose product is the granule's device
 count has an assignment (each prime's exponents can always be shared out), prime factors such
@@ -146,8 +147,9 @@ def _search(
 ) -> list[tuple[int, ...]]:
     """Per axis, the factor it takes of every dim.
 
-    The aim, compared as a tuple: the largest sum over axes of ring efficiency (steps / hops),
-    then the fewest hops on the last axis, then on the one before it, and so on. An axis's hops
+    The aim, compared as a tuple: the largest weighted sum over axes of ring efficiency
+    (steps / hops, weights in `_weight`), then the fewest hops on the last axis, then on the one
+    before it, and so on. An axis's hops
     depend only on its factors and on the factors left to it (which fix its strides), so the
     best completion of a state (axis, factors left) is computed once.
     """
@@ -161,7 +163,8 @@ def _search(
     # The most efficiency axes 0..a can reach together: once met, no other choice is better.
     ceiling = list(
         itertools.accumulate(
-            _best_efficiency(n, cores if core_axis in (a, -1) else 1) for a, n in enumerate(sizes)
+            _weight(a) * _best_efficiency(n, cores if core_axis in (a, -1) else 1)
+            for a, n in enumerate(sizes)
         )
     )
 
@@ -183,7 +186,7 @@ def _search(
             hops = ring_memo.get(factors)
             if hops is None:
                 hops = ring_memo[factors] = best_ring(factors).hops
-            mine = _efficiency(sizes[axis], hops)
+            mine = _weight(axis) * _efficiency(sizes[axis], hops)
             if found is not None and mine + (ceiling[axis - 1] if axis else 0) < found[0][0]:
                 continue  # even the best completion would lose
             rest, columns = best(axis - 1, tuple(n // a for n, a in zip(left, column, strict=True)))
@@ -200,6 +203,13 @@ def _search(
         return found
 
     return list(best(count - 1, dims)[1])
+
+
+def _weight(axis: int) -> Fraction:
+    """How much axis `axis`'s efficiency counts: 1, 1.1, 1.2, ... A later axis carries more
+    traffic, so near-ties go its way (v5e 16x16 as (64, 4): a 2x2 ring for the 4, not a line)
+    while the sum still rules (the later axis never takes a ring that costs earlier axes more)."""
+    return Fraction(10 + axis, 10)
 
 
 def _efficiency(size: int, hops: int) -> Fraction:
