@@ -180,7 +180,10 @@ def _coords(coords: Any, period: int = 0) -> np.ndarray:
     if period and isinstance(coords, np.ndarray):
         blocks = coords.reshape(-1, period)
         if bool((blocks[1:] == blocks[:1]).all()):
-            return np.tile(_coords(blocks[0]), (n // period, 1))
+            first = _coords(blocks[0])
+            tiled = np.empty((n // period, *first.shape), np.int64)
+            tiled[:] = first
+            return tiled.reshape(n, -1)
     d = len(coords[0])
     flat = np.fromiter(itertools.chain.from_iterable(coords), np.int64)
     if flat.size != n * d:

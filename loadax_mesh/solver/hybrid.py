@@ -99,9 +99,14 @@ def _torus_members(
     full = (*chip_shape, cores_per_chip)
     if math.prod(full) != by_granule.shape[1] or int(cores.min()) < 0:
         return None, None  # holes: the chips do not fill a box
-    position = np.ravel_multi_index((*(dims - origin), cores), full)
-    slots = np.full_like(by_granule, -1)
-    np.put_along_axis(slots, position, by_granule, axis=1)
+    # Flat slot of every device: its granule's block, then its position in the box.
+    per = by_granule.shape[1]
+    slot = cores + np.arange(0, n, per).reshape(-1, 1)
+    for k in range(len(chip_shape)):
+        slot += (dims[k] - origin[k]) * math.prod(full[k + 1 :])
+    slots = np.full(n, -1, np.int64)
+    slots[slot.reshape(-1)] = by_granule.reshape(-1)
+    slots = slots.reshape(num_granules, per)
     if (slots < 0).any():
         return None, None  # two devices at one position
     wrap = wraparound(table.device_kind, chip_shape)
