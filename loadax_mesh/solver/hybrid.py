@@ -104,9 +104,9 @@ def _torus_members(
     slot = cores + np.arange(0, n, per).reshape(-1, 1)
     for k in range(len(chip_shape)):
         slot += (dims[k] - origin[k]) * math.prod(full[k + 1 :])
-    slots = np.full(n, -1, np.int64)
-    slots[slot.reshape(-1)] = by_granule.reshape(-1)
-    slots = slots.reshape(num_granules, per)
+    flat_slots = np.full(n, -1, np.int64)
+    flat_slots[slot.reshape(-1)] = by_granule.reshape(-1)
+    slots = flat_slots.reshape(num_granules, per)
     if (slots < 0).any():
         return None, None  # two devices at one position
     wrap = wraparound(table.device_kind, chip_shape)
