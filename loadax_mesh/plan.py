@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -111,7 +111,8 @@ def plan_mesh(
     """Plan a mesh of `mesh_shape` over `devices` (default `jax.devices()`)."""
     from .config import MeshConfig
 
-    config = MeshConfig(mesh_shape, tuple(axis_names), batch_axis_names)  # validates
+    shape, names, batch = cast(Any, (mesh_shape, axis_names, batch_axis_names))
+    config = MeshConfig(shape, names, batch)  # validates and converts lists to tuples
     return _plan(config, devices, granule=granule, hardware=hardware)
 
 
