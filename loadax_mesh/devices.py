@@ -53,20 +53,10 @@ class DeviceTable:
 
 
 _READ_ALL = attrgetter("id", "process_index", "platform", "device_kind")
-# TPU (and most GPU) devices carry every attribute: one pass reads them straight into arrays.
+# TPU (and most GPU) devices carry every attribute: one pass reads them all into one object
+# array (chaining the attribute tuples costs less than unpacking them into a structured dtype).
 _READ_FULL = attrgetter(
-    "id", "process_index", "platform", "device_kind", "slice_index", "coords", "core_on_chip"
-)
-_FULL_ROW = np.dtype(
-    [
-        ("id", np.int64),
-        ("process_index", np.int64),
-        ("platform", object),
-        ("device_kind", object),
-        ("slice_index", np.int64),
-        ("coords", object),
-        ("core_on_chip", np.int64),
-    ]
+    "id", "process_index", "slice_index", "core_on_chip", "platform", "device_kind", "coords"
 )
 
 
@@ -77,28 +67,29 @@ def read_devices(devices: Sequence[Any]) -> DeviceTable:
     if not n:
         raise MeshConfigError("devices=[] is empty; accepted: one or more devices")
     try:
-        rows = np.fromiter(map(_READ_FULL, devs), _FULL_ROW, n)
+        cells = np.fromiter(
+            itertools.chain.from_iterable(map(_READ_FULL, devs)), object, 7 * n
+        ).reshape(n, 7)
+        ids, procs, slices, cores = cells[:, :4].astype(np.int64).T.copy()
     except (AttributeError, TypeError, ValueError, OverflowError):
         return _read_each(devs)  # some attribute missing or None (CPU, GPU without slices)
-    platform, kind = _one_kind(rows["platform"].tolist(), rows["device_kind"].tolist())
-    ids = _distinct_ids(rows["id"].copy())
-    coords = cores = None
-    slices = rows["slice_index"].copy()
+    platform, kind = _one_kind(cells[:, 4].tolist(), cells[:, 5].tolist())
+    _distinct_ids(ids)
+    coords = None
     if platform == "tpu":
         try:
-            coords = _coords(rows["coords"], _slice_length(slices))
+            coords = _coords(cells[:, 6], _slice_length(slices))
         except TypeError:  # a device without a chip position
             return _read_each(devs)
-        cores = rows["core_on_chip"].copy()
     return DeviceTable(
         np.fromiter(devs, object, n),
         ids,
-        rows["process_index"].copy(),
+        procs,
         slices,
         platform,
         kind,
         coords,
-        cores,
+        cores if coords is not None else None,
     )
 
 
