@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         if args_list[:1] == ["launch"]:
-            from .distributed import main as launch
+            from .launcher import main as launch
 
             return launch(args_list[1:])
         args = build_parser().parse_args(args_list)

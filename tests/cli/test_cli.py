@@ -325,11 +325,11 @@ def test_devices_command(capsys):
 
 
 # -- launch delegates -----------------------------------------------------------------------------
-def test_launch_hands_the_rest_to_distributed(monkeypatch):
-    import loadax_mesh.distributed as distributed
+def test_launch_hands_the_rest_to_the_launcher(monkeypatch):
+    import loadax_mesh.launcher as launcher
 
     seen = []
-    monkeypatch.setattr(distributed, "main", lambda argv: seen.append(argv) or 7)
+    monkeypatch.setattr(launcher, "main", lambda argv: seen.append(argv) or 7)
     argv = ["--nprocs", "2", "--devices-per-process", "4", "--", "python", "x.py", "--plan"]
     assert main(["launch", *argv]) == 7
     assert seen == [argv]

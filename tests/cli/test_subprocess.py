@@ -102,7 +102,7 @@ def test_local_devices_in_a_fresh_process():
 
 
 def test_launch_then_plan_local_devices_of_the_whole_job():
-    """`launch` delegates to loadax_mesh.distributed; `plan --devices local` in its children
+    """`launch` delegates to loadax_mesh.launcher; `plan --devices local` in its children
     joins the job, so process 0 plans for both processes' devices."""
     done = run(
         [

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from loadax_mesh import MeshConfigError, distributed
+from loadax_mesh import MeshConfigError, distributed, launcher
 
 WAIT = 60  # seconds any launcher run in this file may take before the test gives up
 
@@ -22,7 +22,7 @@ def run(*args: str, child: str) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable,
         "-m",
-        "loadax_mesh.distributed",
+        "loadax_mesh.launcher",
         *args,
         "--",
         sys.executable,
@@ -118,7 +118,7 @@ def test_a_given_busy_port_is_a_clear_error() -> None:
 
 
 def test_a_given_free_port_is_used() -> None:
-    port = distributed.free_port()
+    port = launcher.free_port()
     done = run(
         "--nprocs",
         "1",
@@ -143,18 +143,18 @@ def test_a_given_free_port_is_used() -> None:
     ],
 )
 def test_bad_arguments(args: list[str], message: str, capsys: Any) -> None:
-    assert distributed.main(args) == 2
+    assert launcher.main(args) == 2
     assert message in capsys.readouterr().err
 
 
 def test_help_exits_zero(capsys: Any) -> None:
-    assert distributed.main(["--help"]) == 0
+    assert launcher.main(["--help"]) == 0
     assert "--devices-per-process" in capsys.readouterr().out
 
 
 def test_a_command_that_cannot_start(capsys: Any) -> None:
     args = ["--nprocs", "1", "--devices-per-process", "1", "--", "/nonexistent/loadax-cmd"]
-    assert distributed.main(args) == 2
+    assert launcher.main(args) == 2
     assert "could not be started" in capsys.readouterr().err
 
 
@@ -175,7 +175,7 @@ def test_launch_validates_its_arguments(kwargs: dict[str, Any], field: str) -> N
     args: dict[str, Any] = {"command": ["true"], "nprocs": 1, "devices_per_process": 1}
     args.update(kwargs)
     with pytest.raises(MeshConfigError, match=f"{field}="):
-        distributed.launch(**args)
+        launcher.launch(**args)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux-only")
@@ -260,6 +260,31 @@ time.sleep(120)
     for pid in (int(p) for p in pids.read_text().split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_distributed_re_exports_the_launcher() -> None:
+    assert distributed.launch is launcher.launch and distributed.main is launcher.main
+    with pytest.raises(AttributeError, match="no attribute 'spawn'"):
+        distributed.spawn  # noqa: B018
+
+
+def test_the_launcher_imports_no_jax() -> None:
+    code = (
+        "import sys\nfrom loadax_mesh import launcher\nfrom loadax_mesh.distributed import main\n"
+        "assert main is launcher.main\nprint(sorted(m for m in sys.modules if m.startswith('jax')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT
+    )
+    assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr
+
+
+def test_python_m_distributed_runs_the_launcher() -> None:
+    cmd = [sys.executable, "-m", "loadax_mesh.distributed", "--nprocs", "2"]
+    cmd += ["--devices-per-process", "1", "--", sys.executable, "-c", "print('hi')"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[0] hi", "[1] hi"]
 
 
 # -- the child side: the environment contract ----------------------------------------------
