@@ -161,12 +161,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         notes.append(f"built jax.sharding.Mesh {dict(mesh.shape)} from jax.devices()")
         if jax.process_index() != 0:  # under `launch`: process 0 speaks for the job
             return 0
-    from . import render
+    from . import picture, render
 
     rows = None if args.global_batch is None else render.host_rows(plan, args.global_batch)
     if args.svg:
         with open(args.svg, "w", encoding="utf-8") as f:
-            f.write(render.render_svg(plan))
+            f.write(picture.render_svg(plan))
     if args.format == "json":
         data = {
             **plan.to_dict(),

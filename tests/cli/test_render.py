@@ -1,36 +1,14 @@
-"""render.py on stand-in devices: host rows, the folded grid, SVG and the text report."""
+"""render.py on stand-in devices: host rows, the hardware summary and the text report."""
 
 import math
-import re
-import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 import numpy as np
 import pytest
 
-from loadax_mesh import MeshConfigError, plan_mesh
-from loadax_mesh.render import fold, host_rows, render_grid, render_svg, render_text
-from tests.standins import cpu_processes, gpu_nodes, tpu_slices
-
-
-def v4_two_slices():
-    return plan_mesh(
-        (2, -1),
-        tpu_slices((4, 4, 1), num_slices=2),
-        axis_names=("data", "fsdp"),
-        batch_axis_names=("data", "fsdp"),
-        hardware="tpu-v4-32-2",
-    )
-
-
-def gpu_hsdp():
-    return plan_mesh(
-        (-1, 8),
-        gpu_nodes(4),
-        axis_names=("replicate", "shard"),
-        batch_axis_names=("replicate", "shard"),
-        hardware="gpu-p5.48xlarge-32",
-    )
+from loadax_mesh import MeshConfigError
+from loadax_mesh.render import host_rows, render_text
+from tests.cli.plans import PLANS, gpu_hsdp, v4_two_slices
 
 
 def reference_rows(plan, global_batch):
@@ -45,24 +23,6 @@ def reference_rows(plan, global_batch):
             shard = shard * shape[i] + pos[i]
         rows[plan.devices[pos].process_index].update(range(shard * per, (shard + 1) * per))
     return rows
-
-
-PLANS = {
-    "tpu-2-slices": v4_two_slices,
-    "tpu-fsdp-tp": lambda: plan_mesh(
-        (-1, 4), tpu_slices((4, 4, 4)), axis_names=("fsdp", "tp"), batch_axis_names="fsdp"
-    ),
-    "gpu-hsdp": gpu_hsdp,
-    "gpu-dp-only": lambda: plan_mesh(
-        (4, 8), gpu_nodes(4), axis_names=("data", "model"), batch_axis_names="data"
-    ),
-    "cpu-shared": lambda: plan_mesh(
-        (2, 4), cpu_processes(2, 4), axis_names=("model", "data"), batch_axis_names="data"
-    ),
-    "cpu-three-axes": lambda: plan_mesh(
-        (2, 2, 2), cpu_processes(2, 4), axis_names=("a", "b", "c"), batch_axis_names=("a", "c")
-    ),
-}
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
@@ -113,100 +73,6 @@ def test_host_rows_error_names_degree_and_axes():
         host_rows(gpu_hsdp(), 48)
 
 
-@pytest.mark.parametrize(
-    ("shape", "lines", "per_line"),
-    [
-        ((8,), 1, 8),
-        ((2, 4), 2, 4),
-        ((256,), 16, 16),
-        ((32, 8), 16, 16),
-        ((4, 4, 4), 4, 16),
-        ((1, 1), 1, 1),
-        ((64, 4), 16, 16),
-        ((4, 256), 32, 32),
-    ],
-)
-def test_fold(shape, lines, per_line):
-    names = tuple(f"a{i}" for i in range(len(shape)))
-    view = fold(shape, names, max_per_line=32)
-    assert (view.lines, view.per_line) == (lines, per_line)
-
-
-def test_fold_caption_and_cap():
-    assert fold((64, 4), ("fsdp", "tp"), max_per_line=32).caption == "4 of fsdp=64 x tp=4"
-    assert fold((2, 4), ("data", "model"), max_per_line=32).caption == "model=4"
-    view = fold((1024,), ("x",), max_per_line=20)
-    assert view.per_line <= 20 and view.lines * view.per_line == 1024
-
-
-def grid_hosts(text):
-    """The host labels of a plain grid, line by line (the first number is the line offset)."""
-    rows = []
-    for line in text.splitlines()[1:]:
-        if re.fullmatch(r"\s*-+", line) or line.startswith("..."):
-            continue
-        numbers = [int(x) for x in re.split(r"[\s|]+", line.strip())]
-        rows.append(numbers[1:])
-    return rows
-
-
-@pytest.mark.parametrize("name", sorted(PLANS))
-def test_grid_cells_are_the_hosts_in_mesh_order(name):
-    plan = PLANS[name]()
-    text = render_grid(plan)
-    assert "\x1b[" not in text
-    cells = [h for row in grid_hosts(text) for h in row]
-    assert cells == [d.process_index for d in plan.devices.flat]
-
-
-def test_grid_marks_slices_and_colours():
-    plan = v4_two_slices()
-    plain = render_grid(plan)
-    assert "mark the slice" in plain and re.search(r"^\s+-{10,}$", plain, re.M)
-    coloured = render_grid(plan, color=True)
-    assert coloured.count("\x1b[0m") == plan.devices.size
-    # one colour family per slice: the two slices share no ANSI code
-    codes = [set(re.findall(r"\x1b\[\d+;(\d+)m", half)) for half in coloured.split("-" * 10, 1)]
-    assert codes[0] and codes[1] and not codes[0] & codes[1]
-
-
-def test_neighbouring_hosts_get_different_colours():
-    plan = plan_mesh((-1,), tpu_slices((4, 4, 4)), axis_names=("fsdp",), batch_axis_names="fsdp")
-    coloured = render_grid(plan, color=True)
-    grid = [re.findall(r"\x1b\[\d+;(\d+)m *(\d+)", line) for line in coloured.splitlines()[1:]]
-    assert sum(map(len, grid)) == 64
-    hosts_seen = {h for row in grid for _, h in row}
-    assert len(hosts_seen) == 16
-    for r, row in enumerate(grid):
-        for c, (code, host) in enumerate(row):
-            for other in [row[c + 1]] if c + 1 < len(row) else []:
-                assert other[1] == host or other[0] != code
-            if r + 1 < len(grid):
-                below = grid[r + 1][c]
-                assert below[1] == host or below[0] != code
-
-
-def test_grid_is_capped_with_a_note():
-    plan = plan_mesh((-1,), tpu_slices((8, 8, 4)), axis_names=("fsdp",), batch_axis_names="fsdp")
-    text = render_grid(plan, max_lines=5)
-    assert len(grid_hosts(text)) == 5
-    assert re.search(r"\.\.\. \d+ more lines \(256 devices\)", text)
-
-
-@pytest.mark.parametrize("name", sorted(PLANS))
-def test_svg_parses_and_draws_every_device(name):
-    plan = PLANS[name]()
-    root = ET.fromstring(render_svg(plan))
-    assert root.tag == "{http://www.w3.org/2000/svg}svg"
-    ns = {"s": "http://www.w3.org/2000/svg"}
-    rects = root.findall(".//s:g/s:rect", ns)
-    labels = [int(t.text) for t in root.findall(".//s:g/s:text", ns)]
-    assert len(rects) == plan.devices.size
-    assert labels == [d.process_index for d in plan.devices.flat]
-    tips = [t.text for t in root.findall(".//s:g/s:title", ns)]
-    assert tips[0].startswith(f"device {plan.devices.flat[0].id}, ")
-
-
 def test_text_report():
     plan = v4_two_slices()
     text = render_text(plan, global_batch=64)
@@ -223,6 +89,14 @@ def test_text_report():
     assert "data-parallel degree 32" in text and "global batch 64: 2 rows per shard" in text
     assert plan.describe() == render_text(plan)
     assert "global batch" not in plan.describe()
+
+
+def test_text_report_ends_with_the_picture_module_grid():
+    from loadax_mesh import picture, render
+
+    plan = PLANS["cpu-three-axes"]()
+    assert render_text(plan).endswith("\n\n" + picture.render_grid(plan))
+    assert (render.render_grid, render.render_svg) == (picture.render_grid, picture.render_svg)
 
 
 def test_text_report_gpu_and_cpu():
