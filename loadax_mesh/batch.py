@@ -4,8 +4,10 @@ The batch dimension (dimension 0) is split over the batch axes, taken in mesh-ax
 `MeshConfig.batch_partition_spec` does), into `data_parallel_size` equal shards; the first
 batch axis is the major part of a shard's index. A process holds the shards of its devices.
 
-`host_batch_slice` and `data_parallel_size` are numpy work on `mesh.devices` and also take a
-`MeshPlan` of simulated devices; only `shard_batch` and `batch_sharding` need jax.
+`shard_blocks` works out which shards each process holds from process indices alone (the CLI's
+rows per host use it too). `host_batch_slice` and `data_parallel_size` are numpy work on
+`mesh.devices` and also take a `MeshPlan` of simulated devices; only `shard_batch` and
+`batch_sharding` need jax.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import functools
 import itertools
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -48,6 +51,62 @@ class HostBatchSlice:
         return slice(self.start, self.stop)
 
 
+@dataclass(frozen=True)
+class ShardBlocks:
+    """The batch shards one process's devices hold: `blocks` of consecutive shard indices
+    `[lo, hi)`, in row order.
+
+    Processes holding the same shards share a `shard_index`, the place of their shard set
+    among the `num_shards` distinct sets in row order (compared as sorted shard lists).
+    """
+
+    process: int
+    blocks: tuple[tuple[int, int], ...]
+    shard_index: int
+    num_shards: int
+
+    @property
+    def count(self) -> int:
+        """How many batch shards the process holds."""
+        return sum(hi - lo for lo, hi in self.blocks)
+
+    def shards(self) -> list[int]:
+        return [s for lo, hi in self.blocks for s in range(lo, hi)]
+
+    def rows(self, rows_per_shard: int) -> tuple[tuple[int, int], ...]:
+        """The blocks as row ranges `[start, stop)` of a batch of `rows_per_shard` rows a shard."""
+        return tuple((lo * rows_per_shard, hi * rows_per_shard) for lo, hi in self.blocks)
+
+
+def shard_blocks(processes: np.ndarray, positions: Sequence[int]) -> dict[int, ShardBlocks]:
+    """Per process (ascending), the batch shards its devices hold.
+
+    `processes` is the process index of every device, in mesh shape; `positions` are the batch
+    axes' places among the mesh axes, in mesh order. A device's shard is its index row-major
+    over those axes. Pure numpy, no jax: the one account of the batch layout behind
+    `host_batch_slice`, `shard_batch` and the rows per host that `render` shows.
+    """
+    procs = np.asarray(processes, dtype=np.int64)
+    shard = np.zeros(procs.shape, dtype=np.int64)
+    for p in positions:
+        along = np.arange(procs.shape[p]).reshape([-1 if i == p else 1 for i in range(procs.ndim)])
+        shard = shard * procs.shape[p] + along
+    pairs = np.unique(np.stack([procs.ravel(), shard.ravel()], axis=1), axis=0)  # sorted
+    new_process = np.r_[True, pairs[1:, 0] != pairs[:-1, 0]]
+    new_block = new_process | np.r_[True, pairs[1:, 1] != pairs[:-1, 1] + 1]
+    starts = np.flatnonzero(new_block)
+    ends = np.r_[starts[1:], len(pairs)]
+    spans = np.stack([pairs[starts, 1], pairs[ends - 1, 1] + 1], axis=1)
+    blocks = np.split(spans, np.flatnonzero(new_process[starts])[1:])
+    firsts = np.flatnonzero(new_process)
+    held = [tuple(h.tolist()) for h in np.split(pairs[:, 1], firsts[1:])]
+    index = {s: i for i, s in enumerate(sorted(set(held)))}
+    return {
+        p: ShardBlocks(p, tuple((lo, hi) for lo, hi in b.tolist()), index[h], len(index))
+        for p, h, b in zip(pairs[firsts, 0].tolist(), held, blocks, strict=True)
+    }
+
+
 @dataclass(frozen=True, eq=False)
 class _Layout:
     """Where the batch shards of one (mesh, batch axes) pair live, in shard units."""
@@ -55,10 +114,8 @@ class _Layout:
     axes: tuple[str, ...]  # batch axes in mesh order
     sizes: tuple[int, ...]
     shards: int  # the data-parallel size
-    by_process: dict[int, np.ndarray]  # process -> its sorted distinct shard indices
+    held: dict[int, ShardBlocks]  # process -> the shards it holds
     problem: str | None  # why processes cannot each load one contiguous range, if they cannot
-    ranges: dict[int, tuple[int, int, int]]  # process -> (first shard, end shard, range index)
-    num_ranges: int
 
 
 def _ordered_axes(mesh: Any, batch_axis_names: AxisNames) -> tuple[int, ...]:
@@ -69,41 +126,28 @@ def _ordered_axes(mesh: Any, batch_axis_names: AxisNames) -> tuple[int, ...]:
 @functools.lru_cache(maxsize=64)
 def _layout(mesh: Any, positions: tuple[int, ...]) -> _Layout:
     devices = np.asarray(mesh.devices)
-    names = tuple(mesh.axis_names)
-    sizes = tuple(devices.shape[p] for p in positions)
-    shard = np.zeros(devices.shape, dtype=np.int64)
-    for p, size in zip(positions, sizes, strict=True):
-        along = np.arange(size).reshape([size if i == p else 1 for i in range(devices.ndim)])
-        shard = shard * size + along
     procs = np.fromiter((d.process_index for d in devices.flat), dtype=np.int64, count=devices.size)
-    pairs = np.unique(np.stack([procs, shard.ravel()], axis=1), axis=0)
-    split = np.flatnonzero(np.diff(pairs[:, 0])) + 1
-    by_process = {int(group[0, 0]): group[:, 1] for group in np.split(pairs, split)}
-    axes = tuple(names[p] for p in positions)
-    found = _ranges(by_process, axes, sizes)
-    problem, (ranges, num_ranges) = (found, ({}, 0)) if isinstance(found, str) else (None, found)
-    return _Layout(axes, sizes, math.prod(sizes), by_process, problem, ranges, num_ranges)
+    held = shard_blocks(procs.reshape(devices.shape), positions)
+    axes = tuple(mesh.axis_names[p] for p in positions)
+    sizes = tuple(devices.shape[p] for p in positions)
+    return _Layout(axes, sizes, math.prod(sizes), held, _problem(held, axes, sizes))
 
 
-def _ranges(
-    by_process: dict[int, np.ndarray], axes: tuple[str, ...], sizes: tuple[int, ...]
-) -> tuple[dict[int, tuple[int, int, int]], int] | str:
-    """Each process's contiguous shard range with its index among the distinct ranges, and
-    their number; or the reason why processes cannot each load one range."""
+def _problem(
+    held: dict[int, ShardBlocks], axes: tuple[str, ...], sizes: tuple[int, ...]
+) -> str | None:
+    """Why processes cannot each load one contiguous range of rows; None when they can."""
     where = f"batch axes {axes} of sizes {sizes} (shard index row-major in that order)"
-    spans = {}
-    for proc, held in by_process.items():
-        lo, hi = int(held[0]), int(held[-1]) + 1
-        if hi - lo != len(held):
+    for proc, shards in held.items():
+        if len(shards.blocks) > 1:
             return (
-                f"process {proc} holds batch shards {held.tolist()} of {math.prod(sizes)} "
+                f"process {proc} holds batch shards {shards.shards()} of {math.prod(sizes)} "
                 f"under {where}: not one contiguous range, so it cannot load one slice of "
                 "rows. Order the mesh axes so that batch axes crossing processes come before "
                 "batch axes inside a process; shard_batch still takes this layout when each "
                 "process passes its shards' rows in row order"
             )
-        spans[proc] = (lo, hi)
-    distinct = sorted(set(spans.values()))
+    distinct = sorted({shards.blocks[0] for shards in held.values()})
     for (lo_a, hi_a), (lo_b, hi_b) in itertools.pairwise(distinct):
         if lo_b < hi_a:
             return (
@@ -116,8 +160,7 @@ def _ranges(
             f"processes hold batch shard ranges of different lengths {lengths} under {where}; "
             "accepted: every process holding the same number of shards"
         )
-    index = {span: i for i, span in enumerate(distinct)}
-    return {p: (*s, index[s]) for p, s in spans.items()}, len(distinct)
+    return None
 
 
 def data_parallel_size(mesh: Any, batch_axis_names: AxisNames = "data") -> int:
@@ -139,10 +182,10 @@ def _process(process_index: int | None, layout: _Layout) -> int:
         raise MeshConfigError(
             f"process_index={process_index!r}; accepted: None or an int process index"
         )
-    if int(process_index) not in layout.by_process:
+    if int(process_index) not in layout.held:
         raise MeshConfigError(
             f"process_index={process_index} holds no device of the mesh; accepted: one of "
-            f"{sorted(layout.by_process)}"
+            f"{sorted(layout.held)}"
         )
     return int(process_index)
 
@@ -175,9 +218,9 @@ def host_batch_slice(
     proc = _process(process_index, layout)
     if layout.problem is not None:
         raise MeshConfigError(f"batch_axis_names={batch_axis_names!r}: {layout.problem}")
-    rows = int(global_batch_size) // layout.shards
-    lo, hi, index = layout.ranges[proc]
-    return HostBatchSlice(lo * rows, hi * rows, index, layout.num_ranges)
+    held = layout.held[proc]
+    ((start, stop),) = held.rows(int(global_batch_size) // layout.shards)
+    return HostBatchSlice(start, stop, held.shard_index, held.num_shards)
 
 
 @functools.lru_cache(maxsize=64)
@@ -212,13 +255,13 @@ def _local_plan(mesh: Any, batch_axis_names: Any) -> _LocalPlan:
 
     layout = _layout(mesh, _ordered_axes(mesh, batch_axis_names))
     process = jax.process_index()
-    held = layout.by_process.get(process)
+    held = layout.held.get(process)
     if held is None:
         raise MeshConfigError(
             f"mesh holds no device of this process ({process}); accepted: a mesh with at "
             "least one device of every process that calls shard_batch"
         )
-    plan = _LocalPlan(_sharding(mesh, layout.axes), len(held), layout)
+    plan = _LocalPlan(_sharding(mesh, layout.axes), held.count, layout)
     if isinstance(batch_axis_names, str | tuple):
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .batch import shard_blocks
 from .errors import MeshConfigError
 from .picture import render_grid, render_svg, shape_text
 
@@ -127,7 +128,8 @@ def host_rows(plan: MeshPlan, global_batch: int) -> list[HostRows]:
 
     Dimension 0 of the batch is split over the batch axes in mesh-axis order (as
     `MeshConfig.batch_partition_spec` orders them); a host loads the rows of every shard its
-    devices hold. `loadax_mesh.batch` answers the same question for a real `jax` mesh.
+    devices hold. The layout is `batch.shard_blocks`, the same account `host_batch_slice`
+    gives, except that a host here may load several row ranges.
     """
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise MeshConfigError(f"global_batch={global_batch!r}; accepted: a positive integer")
@@ -140,29 +142,11 @@ def host_rows(plan: MeshPlan, global_batch: int) -> list[HostRows]:
             f"global_batch={global_batch} does not divide by the data-parallel degree {degree} "
             f"(batch axes {axes}); accepted: a positive multiple of {degree}"
         )
-    per_shard = global_batch // degree
-    position = np.indices(shape)
-    shard = np.ravel_multi_index(tuple(position[i] for i in dims), tuple(shape[i] for i in dims))
     host = plan.table.process_index[plan.layout.index]
-    pairs = np.unique(np.column_stack([host.ravel(), np.ravel(shard)]), axis=0)  # sorted
-    hosts, starts = np.unique(pairs[:, 0], return_index=True)
-    shard_sets = [tuple(s.tolist()) for s in np.split(pairs[:, 1], starts[1:])]
-    distinct = sorted(set(shard_sets))
-    index = {s: i for i, s in enumerate(distinct)}
     return [
-        HostRows(int(h), _merge(shards, per_shard), index[shards], len(distinct))
-        for h, shards in zip(hosts.tolist(), shard_sets, strict=True)
+        HostRows(held.process, held.rows(global_batch // degree), held.shard_index, held.num_shards)
+        for held in shard_blocks(host, dims).values()
     ]
-
-
-def _merge(shards: tuple[int, ...], per_shard: int) -> tuple[tuple[int, int], ...]:
-    ranges: list[list[int]] = []
-    for s in shards:
-        if ranges and ranges[-1][1] == s * per_shard:
-            ranges[-1][1] += per_shard
-        else:
-            ranges.append([s * per_shard, (s + 1) * per_shard])
-    return tuple((a, b) for a, b in ranges)
 
 
 def _fmt_ranges(ranges: tuple[tuple[int, int], ...]) -> str:

@@ -1,7 +1,11 @@
-"""Batches: shard_batch on 8 CPU devices, host_batch_slice on real and simulated meshes."""
+"""Batches: shard_batch on 8 CPU devices, host_batch_slice and shard_blocks on real and simulated
+meshes."""
 
 from __future__ import annotations
 
+import itertools
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +17,7 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh, PartitionSpec
 
 import loadax_mesh as lm
-from loadax_mesh.batch import batch_sharding, data_parallel_size
+from loadax_mesh.batch import ShardBlocks, batch_sharding, data_parallel_size, shard_blocks
 from loadax_mesh.devices import SimulatedDevice
 from tests.standins import cpu_processes
 
@@ -196,6 +200,55 @@ def test_process_index_is_validated(process_index: Any) -> None:
         lm.host_batch_slice(plan, 8, process_index=process_index)
 
 
+# -- shard_blocks: the layout behind host_batch_slice and the CLI's rows per host ------------
+
+
+def test_shard_blocks_by_hand() -> None:
+    # (r, data) mesh, devices row-major; process of each device:
+    processes = np.array([[0, 0, 1, 1], [2, 2, 3, 3]])
+    assert shard_blocks(processes, [1]) == {
+        0: ShardBlocks(0, ((0, 2),), 0, 2),
+        1: ShardBlocks(1, ((2, 4),), 1, 2),
+        2: ShardBlocks(2, ((0, 2),), 0, 2),
+        3: ShardBlocks(3, ((2, 4),), 1, 2),
+    }
+    # batch over both axes: each process holds its own two shards
+    both = shard_blocks(processes, [0, 1])
+    assert [(b.blocks, b.shard_index, b.num_shards) for b in both.values()] == [
+        (((2 * p, 2 * p + 2),), p, 4) for p in range(4)
+    ]
+
+
+def test_shard_blocks_keeps_several_blocks_in_row_order() -> None:
+    # data (size 2) crosses no process, fsdp (size 2) crosses processes: shards 0, 2 and 1, 3
+    processes = np.array([[0, 1], [0, 1]])
+    held = shard_blocks(processes, [0, 1])
+    assert held == {
+        0: ShardBlocks(0, ((0, 1), (2, 3)), 0, 2),
+        1: ShardBlocks(1, ((1, 2), (3, 4)), 1, 2),
+    }
+    assert held[1].count == 2 and held[1].shards() == [1, 3]
+    assert held[1].rows(4) == ((4, 8), (12, 16))
+
+
+def test_shard_blocks_number_sets_as_sorted_shard_lists() -> None:
+    # batch over rows: process 0 holds shards {0, 1, 3}, process 1 holds {0, 1, 2}, and
+    # [0, 1, 2] comes before [0, 1, 3] (as blocks, ((0, 2), (3, 4)) would sort first)
+    held = shard_blocks(np.array([[0, 1], [0, 1], [1, 1], [0, 0]]), [0])
+    assert held[0].blocks == ((0, 2), (3, 4)) and held[1].blocks == ((0, 3),)
+    assert (held[0].shard_index, held[1].shard_index, held[0].num_shards) == (1, 0, 2)
+
+
+def test_batch_imports_no_jax() -> None:
+    code = (
+        "import sys\nimport numpy as np\nfrom loadax_mesh.batch import shard_blocks\n"
+        "shard_blocks(np.zeros((2, 2), int), [0])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr
+
+
 def brute_force_rows(mesh: Any, axes: tuple[str, ...], global_batch: int) -> dict[int, set[int]]:
     """Per process, the rows its devices hold: one device at a time, in plain Python."""
     names = list(mesh.axis_names)
@@ -232,6 +285,14 @@ def test_slices_agree_with_a_per_device_count(
     mesh = grid([process_of[i] for i in order], shape, names)
     axes = tuple(n for bit, n in enumerate(names) if batch_mask >> bit & 1)
     truth = brute_force_rows(mesh, axes, 64)
+    positions = sorted(names.index(a) for a in axes)
+    processes = np.vectorize(lambda d: d.process_index, otypes=[int])(mesh.devices)
+    held = shard_blocks(processes, positions)
+    assert list(held) == sorted(truth)
+    for p, blocks in held.items():
+        rows = blocks.rows(64 // data_parallel_size(mesh, axes))
+        assert [r for lo, hi in rows for r in range(lo, hi)] == sorted(truth[p])
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(rows))  # blocks are maximal
     try:
         slices = {p: lm.host_batch_slice(mesh, 64, axes, process_index=p) for p in truth}
     except lm.MeshConfigError as err:
@@ -247,6 +308,7 @@ def test_slices_agree_with_a_per_device_count(
         return
     for p, s in slices.items():
         assert set(range(s.start, s.stop)) == truth[p]
+        assert (s.shard_index, s.num_shards) == (held[p].shard_index, held[p].num_shards)
     starts = sorted({s.start for s in slices.values()})
     for s in slices.values():
         assert s.num_shards == len(starts) and s.shard_index == starts.index(s.start)
