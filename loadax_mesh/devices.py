@@ -70,7 +70,7 @@ def read_devices(devices: Sequence[Any]) -> DeviceTable:
         cells = np.fromiter(
             itertools.chain.from_iterable(map(_READ_FULL, devs)), object, 7 * n
         ).reshape(n, 7)
-        ids, procs, slices, cores = cells[:, :4].astype(np.int64).T.copy()
+        ids, procs, slices, cores = (cells[:, k].astype(np.int64) for k in range(4))
     except (AttributeError, TypeError, ValueError, OverflowError):
         return _read_each(devs)  # some attribute missing or None (CPU, GPU without slices)
     platform, kind = _one_kind(cells[:, 4].tolist(), cells[:, 5].tolist())
