@@ -189,6 +189,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace, selector: str) -> tuple[MeshConfig, str]:
     """The MeshConfig the flags describe, and a sentence saying where its shape comes from."""
     from .config import MeshConfig
+    from .render import show_shape
     from .shapes import HybridMeshShape
 
     if args.shape is None:
@@ -224,7 +225,7 @@ def _config(args: argparse.Namespace, selector: str) -> tuple[MeshConfig, str]:
         if args.dcn_shape is not None:
             shape = HybridMeshShape(shape, _ints(args.dcn_shape, "--dcn-shape"))
         config = MeshConfig(shape, axes, batch)
-        return config, f"shape {_show(config.mesh_shape)} from --shape"
+        return config, f"shape {show_shape(config.mesh_shape)} from --shape"
     assert preset is not None
     config = MeshConfig(preset.mesh_shape, axes, batch, preset.mesh_rules)
     rules = config.mesh_rules or ()
@@ -232,11 +233,11 @@ def _config(args: argparse.Namespace, selector: str) -> tuple[MeshConfig, str]:
         if re.fullmatch(regex, selector):
             return config, (
                 f"preset {args.strategy}: rule '{regex}' matches {selector}, shape "
-                f"{_show(config.select(selector).mesh_shape)}"
+                f"{show_shape(config.select(selector).mesh_shape)}"
             )
     return config, (
         f"preset {args.strategy}: none of its {len(rules)} mesh rules matches "
-        f"{selector}, so its default shape {_show(config.mesh_shape)} is used"
+        f"{selector}, so its default shape {show_shape(config.mesh_shape)} is used"
     )
 
 
@@ -291,14 +292,6 @@ def _overrides(items: list[str]) -> dict[str, int]:
     return result
 
 
-def _show(shape: Any) -> str:
-    from .shapes import HybridMeshShape
-
-    if isinstance(shape, HybridMeshShape):
-        return f"ici {tuple(shape.ici_mesh_shape)} x dcn {tuple(shape.dcn_mesh_shape)}"
-    return str(tuple(shape))
-
-
 def _use_color(mode: str) -> bool:
     if mode != "auto":
         return mode == "always"
@@ -320,110 +313,27 @@ def _preset_names() -> str:
 # -- hardware, presets, devices ---------------------------------------------------------------
 
 
-def _table(rows: list[list[Any]]) -> str:
-    """Left-aligned columns, two spaces apart."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
-    )
-
-
-_TPU_COLUMNS = "TPU|title|device_kind|dev/chip|chips/host|slice sizes|HBM/chip|ICI/chip|DCN/chip"
-_GPU_COLUMNS = "GPU|device_kind|GPUs/host|NVLink domain|HBM/GPU|NVLink/GPU|network/GPU"
-
-
 def _cmd_hardware(args: argparse.Namespace) -> int:
+    from . import render
     from .hardware import list_hardware
 
     types = list_hardware()
     if args.format == "json":
-        _print_json([_type_data(t) for t in types])
-        return 0
-
-    def facts(t: Any, *names: str) -> list[str]:
-        return [str(t.fact(n) or "-") for n in names]
-
-    tpu: list[list[Any]] = [_TPU_COLUMNS.split("|")]
-    gpu: list[list[Any]] = [_GPU_COLUMNS.split("|")]
-    cpu = []
-    for t in types:
-        per_chip, counts = t.devices_per_chip, t.counts
-        if t.platform == "tpu":
-            sizes = f"{counts[0]}-{counts[-1]} ({len(counts)})" if len(counts) > 1 else counts[0]
-            tpu.append(
-                [
-                    t.pattern,
-                    t.title,
-                    t.device_kind,
-                    per_chip,
-                    t.devices_per_host // per_chip,
-                    sizes,
-                    *facts(t, "hbm", "ici_bandwidth", "dcn_bandwidth"),
-                ]
-            )
-        elif t.platform == "gpu":
-            gpu.append(
-                [
-                    t.pattern,
-                    t.device_kind,
-                    t.devices_per_host,
-                    t.nvlink_domain,
-                    *facts(t, "hbm", "nvlink_bandwidth", "network_per_gpu"),
-                ]
-            )
-        else:
-            cpu.append(f"CPU  {t.pattern}: {t.title}")
-    print(f"{_table(tpu)}\n\n{_table(gpu)}\n\n" + "\n".join(cpu))
-    print(
-        "\nslice sizes: the counts a TPU string accepts (TensorCores on v2-v4, v5p and 7x; chips "
-        "on v5e and v6e). Every fact's source: configs/hardware.toml or --format json"
-    )
+        _print_json([render.hardware_data(t) for t in types])
+    else:
+        print(render.hardware_text(types))
     return 0
 
 
-def _type_data(t: Any) -> dict[str, Any]:
-    """A catalogue entry as JSON-ready data, each fact with its unit, status and sources."""
-    from dataclasses import asdict
-
-    data = asdict(t)
-    data.update(
-        pattern=t.pattern, examples=t.examples, facts={name: asdict(fact) for name, fact in t.facts}
-    )
-    return data
-
-
 def _cmd_presets(args: argparse.Namespace) -> int:
+    from . import render
     from .presets import get_preset, list_presets
 
     presets = [get_preset(name) for name in list_presets()]
     if args.format == "json":
-        data = {p.name: {"description": p.description, "overrides": p.keywords()} for p in presets}
-        _print_json({p.name: {**data[p.name], **p.config.to_dict()} for p in presets})
-        return 0
-    rows: list[list[Any]] = [["preset", "axes", "batch axes", "default shape", "--set keywords"]]
-    for p in presets:
-        c, batch = p.config, p.config.batch_axis_names
-        batch = batch if isinstance(batch, str) else ", ".join(batch)
-        rows.append(
-            [
-                p.name,
-                ", ".join(c.mesh_axis_names),
-                batch,
-                _show(c.mesh_shape),
-                ", ".join(p.keywords()),
-            ]
-        )
-    out = [_table(rows)]
-    for p in presets:
-        out.append(f"\n{p.name}: {p.description}")
-        rules = [
-            ["  " + regex, "all devices on the first axis" if v is None else _show(v)]
-            for regex, v in p.config.mesh_rules or ()
-        ]
-        if rules:
-            out.append(_table(rules))
-    print("\n".join(out))
+        _print_json(render.presets_data(presets))
+    else:
+        print(render.presets_text(presets))
     return 0
 
 
@@ -445,6 +355,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     import jax
 
     from .hardware import detect_hardware
+    from .render import text_table
 
     devices = _jax_devices()
     if jax.process_index() != 0:  # under `launch`: every process sees the same global set
@@ -460,7 +371,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     rows = [keys] + [[r[k] for k in keys] for r in records[:MAX_DEVICE_LINES]]
     print(
         f"hardware {selector}: {len(devices)} devices, process {jax.process_index()} of "
-        f"{jax.process_count()}\n\n{_table(rows)}"
+        f"{jax.process_count()}\n\n{text_table(rows)}"
     )
     if len(records) > MAX_DEVICE_LINES:
         print(f"... {len(records) - MAX_DEVICE_LINES} more (all of them: --format json)")

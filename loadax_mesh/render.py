@@ -1,4 +1,5 @@
-"""The plan for people: hardware summary, each host's batch rows, and the text report.
+"""The plan for people: hardware summary, each host's batch rows, the text report; and the
+catalogue tables the CLI lists.
 
 Pure numpy over the plan's device table, so it works the same for simulated and real devices
 and never imports jax. The device grid picture (terminal and SVG) lives in `picture`;
@@ -8,6 +9,7 @@ and never imports jax. The device grid picture (terminal and SVG) lives in `pict
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -257,3 +259,115 @@ def _rows_text(rows: list[HostRows], global_batch: int, degree: int) -> list[str
             f"{_span(hosts)}"
         )
     return out
+
+
+# -- the catalogue, listed --------------------------------------------------------------------
+
+
+def text_table(rows: list[list[Any]]) -> str:
+    """Left-aligned columns, two spaces apart."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
+    )
+
+
+def show_shape(shape: Any) -> str:
+    """A mesh shape as `(16, 16)`, or `ici (16, 4) x dcn (4, 1)` for a hybrid one."""
+    from .shapes import HybridMeshShape
+
+    if isinstance(shape, HybridMeshShape):
+        return f"ici {tuple(shape.ici_mesh_shape)} x dcn {tuple(shape.dcn_mesh_shape)}"
+    return str(tuple(shape))
+
+
+_TPU_COLUMNS = "TPU|title|device_kind|dev/chip|chips/host|slice sizes|HBM/chip|ICI/chip|DCN/chip"
+_GPU_COLUMNS = "GPU|device_kind|GPUs/host|NVLink domain|HBM/GPU|NVLink/GPU|network/GPU"
+
+
+def hardware_text(types: Sequence[Any]) -> str:
+    """The hardware catalogue (`hardware.list_hardware()`) as TPU, GPU and CPU tables."""
+
+    def facts(t: Any, *names: str) -> list[str]:
+        return [str(t.fact(n) or "-") for n in names]
+
+    tpu: list[list[Any]] = [_TPU_COLUMNS.split("|")]
+    gpu: list[list[Any]] = [_GPU_COLUMNS.split("|")]
+    cpu = []
+    for t in types:
+        per_chip, counts = t.devices_per_chip, t.counts
+        if t.platform == "tpu":
+            sizes = f"{counts[0]}-{counts[-1]} ({len(counts)})" if len(counts) > 1 else counts[0]
+            tpu.append(
+                [
+                    t.pattern,
+                    t.title,
+                    t.device_kind,
+                    per_chip,
+                    t.devices_per_host // per_chip,
+                    sizes,
+                    *facts(t, "hbm", "ici_bandwidth", "dcn_bandwidth"),
+                ]
+            )
+        elif t.platform == "gpu":
+            gpu.append(
+                [
+                    t.pattern,
+                    t.device_kind,
+                    t.devices_per_host,
+                    t.nvlink_domain,
+                    *facts(t, "hbm", "nvlink_bandwidth", "network_per_gpu"),
+                ]
+            )
+        else:
+            cpu.append(f"CPU  {t.pattern}: {t.title}")
+    return (
+        f"{text_table(tpu)}\n\n{text_table(gpu)}\n\n" + "\n".join(cpu) + "\n\nslice sizes: the "
+        "counts a TPU string accepts (TensorCores on v2-v4, v5p and 7x; chips on v5e and v6e). "
+        "Every fact's source: configs/hardware.toml or --format json"
+    )
+
+
+def hardware_data(t: Any) -> dict[str, Any]:
+    """A catalogue entry as JSON-ready data, each fact with its unit, status and sources."""
+    data = asdict(t)
+    data.update(
+        pattern=t.pattern, examples=t.examples, facts={name: asdict(fact) for name, fact in t.facts}
+    )
+    return data
+
+
+def presets_text(presets: Sequence[Any]) -> str:
+    """The strategy presets as a table, then each one's description and mesh rules."""
+    rows: list[list[Any]] = [["preset", "axes", "batch axes", "default shape", "--set keywords"]]
+    for p in presets:
+        c, batch = p.config, p.config.batch_axis_names
+        batch = batch if isinstance(batch, str) else ", ".join(batch)
+        rows.append(
+            [
+                p.name,
+                ", ".join(c.mesh_axis_names),
+                batch,
+                show_shape(c.mesh_shape),
+                ", ".join(p.keywords()),
+            ]
+        )
+    out = [text_table(rows)]
+    for p in presets:
+        out.append(f"\n{p.name}: {p.description}")
+        rules = [
+            ["  " + regex, "all devices on the first axis" if v is None else show_shape(v)]
+            for regex, v in p.config.mesh_rules or ()
+        ]
+        if rules:
+            out.append(text_table(rules))
+    return "\n".join(out)
+
+
+def presets_data(presets: Sequence[Any]) -> dict[str, Any]:
+    """The presets as JSON-ready data: description, `--set` keywords and config per name."""
+    return {
+        p.name: {"description": p.description, "overrides": p.keywords(), **p.config.to_dict()}
+        for p in presets
+    }

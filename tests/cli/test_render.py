@@ -149,3 +149,17 @@ def test_host_rows_agree_with_batch_host_batch_slice(hardware, strategy):
                 plan.batch_axis_names,
                 process_index=next(r.host for r in rows if len(r.ranges) > 1),
             )
+
+
+def test_show_shape_and_text_table():
+    from loadax_mesh import HybridMeshShape
+    from loadax_mesh.render import show_shape, text_table
+
+    assert show_shape([16, 16]) == "(16, 16)"
+    assert show_shape(HybridMeshShape((16, 4), (4, 1))) == "ici (16, 4) x dcn (4, 1)"
+    table = text_table([["axis", "size"], ["data", 16], ["tensor-parallel", 4]])
+    assert table.splitlines() == [
+        "axis             size",
+        "data             16",
+        "tensor-parallel  4",
+    ]
