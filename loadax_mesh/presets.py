@@ -16,7 +16,6 @@ An override `keyword=N` fixes that axis's size to N in the default shape and in 
 
 from __future__ import annotations
 
-import operator
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -25,7 +24,7 @@ from typing import Any
 from ._configs import config_path
 from .config import MeshConfig
 from .errors import MeshConfigError
-from .shapes import HybridMeshShape, MeshShape
+from .shapes import HybridMeshShape, MeshShape, check_size
 
 _KEYS = ("description", "fill_order", "overrides", "config")
 _PARTS = ("ici", "dcn")
@@ -112,7 +111,7 @@ def load_preset(name: str, **overrides: Any) -> MeshConfig:
                 f"preset {name}: override {keyword}={value!r} sizes axis {axis!r} a second time; "
                 "accepted: one keyword per axis"
             )
-        sizes[i] = _size(value, keyword=keyword, name=name)
+        sizes[i] = check_size(value, field=f"preset {name}: override {keyword}")
         parts[i] = part
     fill = [axes.index(a) for a in preset.fill_order]
 
@@ -128,22 +127,6 @@ def load_preset(name: str, **overrides: Any) -> MeshConfig:
         batch_axis_names=config.batch_axis_names,
         mesh_rules=None if rules is None else tuple((r, apply(v)) for r, v in rules),
     )
-
-
-def _size(value: Any, *, keyword: str, name: str) -> int:
-    accepted = "a positive int (the axis size)"
-    if isinstance(value, bool):
-        raise MeshConfigError(f"preset {name}: override {keyword}={value!r}; accepted: {accepted}")
-    try:
-        size = operator.index(value)
-    except TypeError:
-        raise MeshConfigError(
-            f"preset {name}: override {keyword}={value!r} ({type(value).__name__}); "
-            f"accepted: {accepted}"
-        ) from None
-    if size < 1:
-        raise MeshConfigError(f"preset {name}: override {keyword}={value!r}; accepted: {accepted}")
-    return size
 
 
 def override_shape(

@@ -17,6 +17,33 @@ MeshShape = tuple[int, ...]
 _log = logging.getLogger("loadax_mesh")
 
 
+def _as_int(value: Any) -> int | None:
+    """`value` as an int if it is one (numpy ints too); bools, floats and strings give None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _type_note(value: Any) -> str:
+    """' (float)' for a value that is no int at all, so `16.5` and `'16'` read clearly."""
+    if isinstance(value, bool) or _as_int(value) is not None:
+        return ""
+    return f" ({type(value).__name__})"
+
+
+def check_size(value: Any, *, field: str) -> int:
+    """`value` if it is a positive int, else a MeshConfigError naming `field`."""
+    size = _as_int(value)
+    if size is None or size < 1:
+        raise MeshConfigError(
+            f"{field}={value!r}{_type_note(value)}; accepted: a positive int (the axis size)"
+        )
+    return size
+
+
 def check_shape(value: Any, *, field: str, allow_rest: bool = True) -> MeshShape:
     """`value` as a tuple of ints, or a MeshConfigError naming `field`.
 
@@ -28,16 +55,11 @@ def check_shape(value: Any, *, field: str, allow_rest: bool = True) -> MeshShape
         raise MeshConfigError(f"{field}={value!r} is not {accepted}")
     dims = []
     for entry in value:
-        if isinstance(entry, bool):
-            raise MeshConfigError(f"{field}={value!r} holds {entry!r}; accepted: {accepted}")
-        try:
-            dim = operator.index(entry)
-        except TypeError:
+        dim = _as_int(entry)
+        if dim is None or (dim < 1 and not (dim == -1 and allow_rest)):
             raise MeshConfigError(
-                f"{field}={value!r} holds {entry!r} ({type(entry).__name__}); accepted: {accepted}"
-            ) from None
-        if dim < 1 and not (dim == -1 and allow_rest):
-            raise MeshConfigError(f"{field}={value!r} holds {dim}; accepted: {accepted}")
+                f"{field}={value!r} holds {entry!r}{_type_note(entry)}; accepted: {accepted}"
+            )
         dims.append(dim)
     if dims.count(-1) > 1:
         raise MeshConfigError(f"{field}={value!r} has more than one -1; accepted: {accepted}")
