@@ -10,8 +10,9 @@ from loadax_mesh import distributed
 
 if distributed.launched():
     distributed.initialize()  # under `loadax-mesh launch`: before jax touches its devices
-else:
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+else:  # one process: 8 CPU devices unless XLA_FLAGS says how many
+    if "device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax

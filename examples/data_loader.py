@@ -2,7 +2,7 @@
 
     loadax-mesh launch --nprocs 2 --devices-per-process 4 -- python examples/data_loader.py
     loadax-mesh launch --nprocs 4 --devices-per-process 2 -- python examples/data_loader.py
-    python examples/data_loader.py             # one process, all local devices
+    python examples/data_loader.py             # one process, 8 CPU devices
     python examples/data_loader.py --cluster   # a real cluster: jax.distributed.initialize()
 
 The mesh is `data` x `model` with `model` = 2 inside a host. Every step, all hosts agree on the
@@ -15,6 +15,7 @@ batch the ids name.
 from __future__ import annotations
 
 import argparse
+import os
 
 from loadax_mesh import distributed
 
@@ -25,6 +26,8 @@ parser.add_argument("--cluster", action="store_true", help="join a real cluster'
 args = parser.parse_args()
 if distributed.launched() or args.cluster:
     distributed.initialize()  # before jax touches its devices
+elif "device_count" not in os.environ.get("XLA_FLAGS", ""):  # one process: 8 CPU devices
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

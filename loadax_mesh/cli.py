@@ -33,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Let shapes such as `-1,8` be values, not options (argparse only allows `-1`).
-        self._negative_number_matcher = re.compile(r"^-\d[-\d,x. ]*$")
+        self._negative_number_matcher = re.compile(r"^-\d[-\d,. ]*$")
 
     def error(self, message: str) -> Any:  # argparse would print usage and exit
         raise UsageError(message)
@@ -262,7 +262,7 @@ def _plan_with_notes(
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
-    parts = re.split(r"[,x]", text.strip())
+    parts = text.strip().split(",")
     for part in parts:
         if not re.fullmatch(r"-?[0-9]+", part.strip()):
             raise UsageError(

@@ -117,8 +117,8 @@ _ACCEPTED = (
 def _number(text: str | None, hardware: str, what: str) -> int:
     if text is None or not re.fullmatch(r"[1-9]\d*", text):
         raise MeshConfigError(
-            f"hardware={hardware!r}: {what}={text!r} is not a positive integer "
-            "without leading zeros"
+            f"hardware={hardware!r}: {what}={text!r}; accepted: a positive integer without "
+            "leading zeros"
         )
     return int(text)
 
@@ -263,7 +263,14 @@ def wraparound(device_kind: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...
 # -- simulation --------------------------------------------------------------------------------
 
 
-def simulate_devices(hardware: str | HardwareSpec) -> list[SimulatedDevice]:
+class SimulatedDevices(list[SimulatedDevice]):
+    """The stand-ins of one hardware string; `hardware` names it, so detection is exact even
+    where device sets alike (H100 nodes of p5 and a3-mega) cannot be told apart."""
+
+    hardware: str
+
+
+def simulate_devices(hardware: str | HardwareSpec) -> SimulatedDevices:
     """Stand-in devices for a hardware string, listed as JAX lists them (host by host).
 
     TPU: ids row-major over chip coords (x fastest) then core, slice by slice, as in JAX's own
@@ -271,6 +278,12 @@ def simulate_devices(hardware: str | HardwareSpec) -> list[SimulatedDevice]:
     `slice_index` per NVLink domain, `coords = (local id,)`. CPU: no slice_index, no coords.
     """
     spec = hardware if isinstance(hardware, HardwareSpec) else parse_hardware(hardware)
+    devices = SimulatedDevices(_simulate(spec))
+    devices.hardware = spec.hardware
+    return devices
+
+
+def _simulate(spec: HardwareSpec) -> list[SimulatedDevice]:
     if spec.platform == "tpu":
         return _simulate_tpu(spec)
     kind, n = spec.device_kind, spec.num_devices
@@ -323,6 +336,8 @@ def detect_hardware(devices: Sequence[Any] | None = None) -> str:
         import jax
 
         devices = jax.devices()
+    if isinstance(devices, SimulatedDevices):
+        return devices.hardware
     table = read_devices(devices)
     if table.platform == "tpu":
         return _detect_tpu(table)

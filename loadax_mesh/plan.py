@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .devices import DeviceTable, GranuleSpec, granule_keys, read_devices
+from .devices import DeviceTable, GranuleSpec, SimulatedDevice, granule_keys, read_devices
 from .errors import MeshConfigError
 from .quality import AxisQuality, axis_quality
-from .shapes import HybridMeshShape, MeshShape, resolve_hybrid, split_mesh_shape
+from .shapes import HybridMeshShape, MeshShape, check_shape, resolve_hybrid, split_mesh_shape
 from .solver.hybrid import Layout, granule_sizes, layout_devices
 
 if TYPE_CHECKING:
@@ -52,6 +52,12 @@ class MeshPlan:
         """The plan as a `jax.sharding.Mesh` (needs real jax devices)."""
         import jax
 
+        if isinstance(self.devices.flat[0], SimulatedDevice):
+            raise MeshConfigError(
+                f"devices: this plan is over simulated devices ({self.hardware or 'stand-ins'}), "
+                "which cannot form a jax Mesh; accepted: real jax devices (plan with devices=None "
+                "or jax.devices())"
+            )
         if axis_types is not None:
             types = tuple(axis_types) if isinstance(axis_types, list | tuple) else None
             if (
@@ -123,10 +129,14 @@ def create_device_mesh(
     granule: GranuleSpec = "auto",
 ) -> np.ndarray:
     """The device array alone, as `mesh_utils.create_device_mesh` and AXLearn return it."""
-    n = len(mesh_shape)
-    names = _generic_names(n)
+    shape = (
+        mesh_shape
+        if isinstance(mesh_shape, HybridMeshShape)
+        else check_shape(mesh_shape, field="mesh_shape")
+    )
+    names = _generic_names(len(shape))
     return plan_mesh(
-        mesh_shape, devices, axis_names=names, batch_axis_names=names[0], granule=granule
+        shape, devices, axis_names=names, batch_axis_names=names[0], granule=granule
     ).devices
 
 
@@ -153,7 +163,7 @@ def _plan(
         dcn_mesh_shape=hybrid.dcn_mesh_shape,
         devices=table.devices[layout.index],
         granule_kind=kind,
-        hardware=hardware,
+        hardware=hardware or getattr(devices, "hardware", None),  # simulate_devices names it
         batch_axis_names=(batch,) if isinstance(batch, str) else tuple(batch),
         layout=layout,
         table=table,

@@ -66,7 +66,7 @@ def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
                 f"({per} host{'s' * (per > 1)} each), {topology}"
             )
     else:
-        topology = f"{hosts} process{'es' * (hosts > 1)} x {n // hosts} devices"
+        topology = f"{hosts} process{'es' * (hosts > 1)} x {_count(n // hosts, 'device')}"
     return {
         "selector": plan.hardware,
         "platform": table.platform,
@@ -219,7 +219,7 @@ def _hardware_text(hw: dict[str, Any], plan: MeshPlan) -> list[str]:
     elif hw["platform"] == "gpu":
         name += f"{n} GPUs, {hosts} hosts"
     else:
-        name += f"{n} devices, {hosts} process{'es' * (hosts > 1)}"
+        name += f"{_count(n, 'device')}, {hosts} process{'es' * (hosts > 1)}"
     lines = [name, f"{topology}; granule = {plan.granule_kind} ({plan.num_granules})"]
     facts = hw["facts"]
     if facts:

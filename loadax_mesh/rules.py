@@ -17,8 +17,8 @@ def match_regex_rules(
     """The value of the first rule whose regex matches all of `selector`, else `default`."""
     if not isinstance(selector, str):
         raise MeshConfigError(f"selector={selector!r} is not a string such as 'tpu-v5p-512'")
-    for regex, value in rules:
-        if re.fullmatch(regex, selector):
+    for i, (regex, value) in enumerate(rules):
+        if re.fullmatch(check_regex(regex, field=f"rules[{i}][0]"), selector):
             return value
     return default
 

@@ -5,7 +5,15 @@ import json
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from loadax_mesh import HybridMeshShape, MeshConfig, MeshConfigError, match_regex_rules
+from loadax_mesh import (
+    HybridMeshShape,
+    MeshConfig,
+    MeshConfigError,
+    create_device_mesh,
+    match_regex_rules,
+    plan_mesh,
+    simulate_devices,
+)
 from tests.standins import gpu_nodes
 
 RULES = (
@@ -38,6 +46,14 @@ def test_plan_with_rules_and_a_selector():
     config = MeshConfig((-1, 8), ("data", "model"), mesh_rules=(("gpu-.*-16", (2, 8)),))
     plan = config.plan(gpu_nodes(2), selector="gpu-p5.48xlarge-16")
     assert plan.shape == {"data": 2, "model": 8} and plan.hardware == "gpu-p5.48xlarge-16"
+
+
+def test_a_simulated_set_names_its_hardware_and_picks_its_rule():
+    devices = simulate_devices("gpu-a3-megagpu-8g-64")  # the same devices as p5 nodes
+    config = MeshConfig((-1, 8), ("data", "model"), mesh_rules=(("gpu-a3-megagpu.*", (-1, 4)),))
+    plan = config.plan(devices)
+    assert plan.hardware == "gpu-a3-megagpu-8g-64" and plan.shape == {"data": 16, "model": 4}
+    assert MeshConfig((-1,), ("data",)).plan(devices).hardware == "gpu-a3-megagpu-8g-64"
 
 
 def test_lists_become_tuples_and_configs_are_hashable():
@@ -150,6 +166,16 @@ BAD = [
         "selector=4",
     ),
     (lambda: MeshConfig((2, 4), NAMES).create_device_mesh(axis_types=("explicit",)), "axis_types"),
+    (lambda: match_regex_rules("tpu-v4-8", [("tpu-(", 1)]), r"rules\[0\]\[0\]='tpu-\('"),
+    (lambda: create_device_mesh((), gpu_nodes(1)), r"mesh_shape=\(\) is not"),
+    (
+        lambda: plan_mesh((-1,), simulate_devices("cpu-8"), axis_names="data"),
+        "mesh_axis_names='data'",
+    ),
+    (
+        lambda: plan_mesh((-1,), simulate_devices("cpu-8"), axis_names=("data",)).to_jax_mesh(),
+        r"simulated devices \(cpu-8\)",
+    ),
 ]
 
 

@@ -392,3 +392,10 @@ def test_plan_sizes_match_devices(capsys):
             run(capsys, "plan", hardware, "--strategy", strategy, "--format", "json")[1]
         )
         assert math.prod(data["shape"].values()) == len(simulate_devices(hardware))
+
+
+def test_shape_takes_commas_only(capsys):
+    from loadax_mesh.cli import main
+
+    assert main(["plan", "tpu-v5p-512", "--shape", "16x16", "--axes", "a,b"]) == 2
+    assert "'16x16' is not an integer" in capsys.readouterr().err
