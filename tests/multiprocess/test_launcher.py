@@ -178,8 +178,8 @@ def test_launch_validates_its_arguments(kwargs: dict[str, Any], field: str) -> N
         launcher.launch(**args)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux-only")
-def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
+def _start_two_sleepers(tmp_path: Path, **popen: Any) -> tuple[subprocess.Popen[str], list[int]]:
+    """A launcher of two children that record their pids and sleep; returns it and the pids."""
     pids = tmp_path / "pids"
     child = f"""
 import os, time
@@ -187,31 +187,26 @@ with open({str(pids)!r}, "a") as f:
     f.write(f"{{os.getpid()}}\\n")
 time.sleep(120)
 """
-    cmd = [
-        sys.executable,
-        "-m",
-        "loadax_mesh.distributed",
-        "--nprocs",
-        "2",
-        "--devices-per-process",
-        "1",
-        "--",
-        sys.executable,
-        "-c",
-        child,
-    ]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline and (
-            not pids.exists() or len(pids.read_text().split()) < 2
-        ):
-            time.sleep(0.05)
-        children = [int(p) for p in pids.read_text().split()]
-        assert len(children) == 2
-    finally:
+    cmd = [sys.executable, "-m", "loadax_mesh.distributed", "--nprocs", "2"]
+    cmd += ["--devices-per-process", "1", "--", sys.executable, "-c", child]
+    launcher = subprocess.Popen(cmd, text=True, **popen)
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and (not pids.exists() or len(pids.read_text().split()) < 2):
+        time.sleep(0.05)
+    children = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+    if len(children) != 2:
         launcher.kill()
-        launcher.wait(timeout=WAIT)
+    assert len(children) == 2
+    return launcher, children
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux-only")
+def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    launcher, children = _start_two_sleepers(
+        tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    launcher.kill()
+    launcher.wait(timeout=WAIT)
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline and any(_alive(p) for p in children):
         time.sleep(0.05)
@@ -229,35 +224,14 @@ def _alive(pid: int) -> bool:
 
 
 def test_sigterm_to_the_launcher_stops_the_children(tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
-    child = f"""
-import os, time
-with open({str(pids)!r}, "a") as f:
-    f.write(f"{{os.getpid()}}\\n")
-time.sleep(120)
-"""
-    cmd = [
-        sys.executable,
-        "-m",
-        "loadax_mesh.distributed",
-        "--nprocs",
-        "2",
-        "--devices-per-process",
-        "1",
-        "--",
-        sys.executable,
-        "-c",
-        child,
-    ]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline and (not pids.exists() or len(pids.read_text().split()) < 2):
-        time.sleep(0.05)
+    launcher, children = _start_two_sleepers(
+        tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     launcher.send_signal(signal.SIGTERM)
     _, err = launcher.communicate(timeout=WAIT)
     assert launcher.returncode == 130
     assert "interrupted; stopped processes [0, 1]" in err
-    for pid in (int(p) for p in pids.read_text().split()):
+    for pid in children:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
