@@ -22,9 +22,26 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import loadax_mesh as lm
 
 
-def show(plan: lm.MeshPlan) -> None:
+def setup(config: lm.MeshConfig, global_batch: int) -> tuple[Mesh, lm.HostBatchSlice]:
+    """Plan `config` on this job's devices, print the plan, and find this host's rows."""
+    plan = config.plan()
     if jax.process_index() == 0:
         print(plan.describe().split("\ngrid")[0], flush=True)
+    mesh = plan.to_jax_mesh()
+    return mesh, lm.host_batch_slice(mesh, global_batch, config.batch_axis_names)
+
+
+def mlp_params(features: int, hidden: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "w1": rng.standard_normal((features, hidden)).astype(np.float32) * 0.1,
+        "w2": rng.standard_normal((hidden, features)).astype(np.float32) * 0.1,
+    }
+
+
+def mlp_loss(p: dict[str, jax.Array], batch: dict[str, jax.Array]) -> jax.Array:
+    pred = jax.numpy.tanh(batch["x"] @ p["w1"]) @ p["w2"]
+    return jax.numpy.mean((pred - batch["y"]) ** 2)
 
 
 def train(

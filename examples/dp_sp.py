@@ -9,17 +9,14 @@ ranks of one sequence-parallel group share samples and each holds a slice of the
 
 import jax.numpy as jnp
 import numpy as np
-from common import jax, lm, regression_rows, show, train
+from common import jax, lm, regression_rows, setup, train
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 FEATURES, SEQ, GLOBAL_BATCH = 16, 32, 16
 
 config = lm.MeshConfig.from_preset("dp_sp", sp=4)
-plan = config.plan()
-show(plan)
-mesh = plan.to_jax_mesh()
-rows = lm.host_batch_slice(mesh, GLOBAL_BATCH, config.batch_axis_names)
+mesh, rows = setup(config, GLOBAL_BATCH)
 seq_sharding = NamedSharding(mesh, P("data_parallel", "sequence_parallel"))
 
 rng = np.random.default_rng(0)

@@ -8,37 +8,19 @@ hardware) and replicated over `replicate` (across processes / slices); the batch
 both axes.
 """
 
-import jax.numpy as jnp
-import numpy as np
-from common import lm, regression_rows, show, train
+from common import lm, mlp_loss, mlp_params, regression_rows, setup, train
 from jax.sharding import PartitionSpec as P
 
 FEATURES, HIDDEN, GLOBAL_BATCH = 16, 64, 64
 
 config = lm.MeshConfig.from_preset("hsdp")
-plan = config.plan()
-show(plan)
-mesh = plan.to_jax_mesh()
-rows = lm.host_batch_slice(mesh, GLOBAL_BATCH, config.batch_axis_names)
-
-rng = np.random.default_rng(0)
-params = {
-    "w1": rng.standard_normal((FEATURES, HIDDEN)).astype(np.float32) * 0.1,
-    "w2": rng.standard_normal((HIDDEN, FEATURES)).astype(np.float32) * 0.1,
-}
+mesh, rows = setup(config, GLOBAL_BATCH)
 specs = {"w1": P(None, "shard"), "w2": P("shard", None)}  # fully sharded within a granule
-
-
-def loss_fn(p, batch):
-    pred = jnp.tanh(batch["x"] @ p["w1"]) @ p["w2"]
-    return jnp.mean((pred - batch["y"]) ** 2)
-
-
 train(
     mesh,
-    params,
+    mlp_params(FEATURES, HIDDEN),
     specs,
-    loss_fn,
+    mlp_loss,
     lambda i: regression_rows(rows, i, GLOBAL_BATCH, FEATURES),
     config.batch_axis_names,
     lr=0.5,
