@@ -14,7 +14,7 @@ import numpy as np
 from ..devices import DeviceTable
 from ..errors import MeshConfigError
 from ..shapes import HybridMeshShape
-from .torus import order_torus
+from .torus import solve_torus
 
 
 @dataclass(frozen=True, eq=False)
@@ -24,6 +24,9 @@ class Torus:
     chip_shape: tuple[int, ...]
     wrap: tuple[bool, ...]
     cores_per_chip: int
+    host_block: tuple[int, ...] | None = None  # one process's box of chips, if they tile
+    # Per ICI axis: does its ring keep each process's devices consecutive? (None: no box.)
+    host_contiguous: tuple[bool | None, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,5 +113,34 @@ def _torus_members(
     if (slots < 0).any():
         return None, None  # two devices at one position
     wrap = wraparound(table.device_kind, chip_shape)
-    order = order_torus(chip_shape, ici, wrap=wrap, cores_per_chip=cores_per_chip)
-    return Torus(chip_shape, wrap, cores_per_chip), slots[:, order.ravel()]
+    block = _host_block(table.process_index[slots].reshape(num_granules, *full))
+    solution = solve_torus(
+        chip_shape, ici, wrap=wrap, cores_per_chip=cores_per_chip, host_block=block
+    )
+    torus = Torus(chip_shape, wrap, cores_per_chip, block, solution.host_contiguous)
+    return torus, slots[:, solution.order.ravel()]
+
+
+def _host_block(owner: np.ndarray) -> tuple[int, ...] | None:
+    """The box of chips each process holds, when the processes tile every granule in equal,
+    aligned boxes of whole chips; else None (then no ring is asked to keep processes together).
+
+    `owner` is (granule, *chip_shape, cores): the process of every device position.
+    """
+    first = owner[(0,) * owner.ndim]
+    held = np.nonzero(owner[0] == first)
+    box = tuple(int(c.max()) + 1 for c in held[:-1])  # the box starts at the granule's corner
+    per_chip = owner.shape[-1]
+    if len(held[0]) != math.prod(box) * per_chip or any(
+        n % b for n, b in zip(owner.shape[1:-1], box, strict=True)
+    ):
+        return None
+    tiles = owner.reshape(
+        len(owner),
+        *(x for n, b in zip(owner.shape[1:-1], box, strict=True) for x in (n // b, b)),
+        per_chip,
+    )
+    corner = tiles[(slice(None), *((slice(None), slice(0, 1)) * len(box)), slice(0, 1))]
+    if not (tiles == corner).all() or np.unique(corner).size != corner.size:
+        return None  # a box holds two processes, or a process holds two boxes
+    return box

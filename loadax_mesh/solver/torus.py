@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -52,12 +52,14 @@ class Factor(NamedTuple):
 @dataclass(frozen=True)
 class Ring:
     """How one axis's ring runs: through the `chip` factors (inner first) by `method`, with the
-    `cores` factors innermost. `hops` is the cost of one ring, as DESIGN.md section 5 counts it."""
+    `cores` factors innermost. `hops` is the cost of one ring, as DESIGN.md section 5 counts it.
+    A "lifted" ring (hostrings.py) carries its chip digits in `path`."""
 
     chip: tuple[Factor, ...]
     cores: tuple[Factor, ...]
-    method: str  # "snake", "lane_outer" or "lane_inner"
+    method: str  # "snake", "lane_outer", "lane_inner" or "lifted"
     hops: int
+    path: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class TorusSolution:
     assignment: np.ndarray  # (physical dims, axes): the factor each axis takes of each dim
     rings: tuple[Ring, ...]
     order: np.ndarray  # shaped like the ICI mesh, holding granule positions
+    # Per axis: does its ring keep each host's chips consecutive? None: no host block given.
+    host_contiguous: tuple[bool | None, ...] = ()
 
 
 def order_torus(
@@ -76,10 +80,13 @@ def order_torus(
     *,
     wrap: tuple[bool, ...],
     cores_per_chip: int = 1,
+    host_block: tuple[int, ...] | None = None,
 ) -> np.ndarray:
     """An int array of shape `ici_mesh_shape` holding granule positions, where a position is
     `np.ravel_multi_index((*chip_coords, core), (*chip_shape, cores_per_chip))`."""
-    return solve_torus(chip_shape, ici_mesh_shape, wrap=wrap, cores_per_chip=cores_per_chip).order
+    return solve_torus(
+        chip_shape, ici_mesh_shape, wrap=wrap, cores_per_chip=cores_per_chip, host_block=host_block
+    ).order
 
 
 def solve_torus(
@@ -88,8 +95,15 @@ def solve_torus(
     *,
     wrap: Sequence[bool],
     cores_per_chip: int = 1,
+    host_block: Sequence[int] | None = None,
 ) -> TorusSolution:
-    """Assign physical factors to the axes of `ici_mesh_shape` and order each axis as a ring."""
+    """Assign physical factors to the axes of `ici_mesh_shape` and order each axis as a ring.
+
+    With `host_block` (one host's chips per chip dim, tiling the torus), an axis's ring keeps
+    each host's chips consecutive whenever that costs no hop (hostrings.py).
+    """
+    from .hostrings import host_cells, lift_ring
+
     chips = tuple(int(n) for n in chip_shape)
     sizes = tuple(int(n) for n in ici_mesh_shape)
     wraps = tuple(bool(w) for w in wrap)
@@ -103,6 +117,14 @@ def solve_torus(
             f"chip_shape={chips}, cores_per_chip={cores_per_chip}, ici_mesh_shape={sizes}; "
             "accepted: positive sizes"
         )
+    block = None if host_block is None else tuple(int(n) for n in host_block)
+    if block is not None and (
+        len(block) != len(chips) or any(b < 1 or c % b for b, c in zip(block, chips, strict=True))
+    ):
+        raise MeshConfigError(
+            f"host_block={tuple(host_block or ())} does not tile chip_shape={chips}; accepted: "
+            "one positive divisor of each chip dim, or None"
+        )
     dims = (*chips, cores_per_chip)
     if math.prod(sizes) != math.prod(dims):
         raise MeshConfigError(
@@ -115,6 +137,7 @@ def solve_torus(
     columns = _search(dims, wraps, free, sizes)
     assignment = np.array(columns, dtype=np.int64).T.reshape(len(dims), len(sizes))
     rings = []
+    contiguous: list[bool | None] = []
     strides = [1] * len(dims)
     parts: list[np.ndarray] = [np.zeros(1, np.int64)] * len(sizes)
     dim_step = [math.prod(dims[p + 1 :]) for p in range(len(dims))]
@@ -125,6 +148,11 @@ def solve_torus(
             if a > 1
         )
         ring = best_ring(factors)
+        if block is not None:
+            cells = host_cells(ring.chip, block)
+            lifted = None if cells is None else lift_ring(ring, cells)
+            contiguous.append(lifted is not None)
+            ring = lifted if lifted is not None else ring
         rings.append(ring)
         digits = ring_digits(ring)
         weights = [f.stride * dim_step[f.dim] for f in (*ring.chip, *ring.cores)]
@@ -135,7 +163,11 @@ def solve_torus(
     for part in parts[1:]:
         order = np.add.outer(order, part)
     return TorusSolution(
-        dims, assignment, tuple(reversed(rings)), np.asarray(order, np.int64).reshape(sizes)
+        dims,
+        assignment,
+        tuple(reversed(rings)),
+        np.asarray(order, np.int64).reshape(sizes),
+        tuple(reversed(contiguous)) if block is not None else (None,) * len(sizes),
     )
 
 
@@ -342,7 +374,9 @@ def ring_digits(ring: Ring) -> np.ndarray:
     """The ring as digits, one column per factor: `ring.chip` in order, then `ring.cores`."""
     fs = ring.chip
     count = math.prod(f.size for f in fs)
-    if ring.method == "snake" or len(fs) < 2:
+    if ring.path is not None:
+        chip = ring.path
+    elif ring.method == "snake" or len(fs) < 2:
         chip = _snake([f.size for f in fs])
     else:
         r = fs[-1].size
