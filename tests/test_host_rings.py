@@ -104,6 +104,10 @@ def test_processes_that_do_not_tile_in_boxes_give_no_host_block():
     twice = owner.copy()
     twice[twice == 1] = 0  # process 0 holds two boxes
     assert hybrid._host_block(twice) is None
+    far = owner * 1_000_003 + 7  # sparse process indices: the sorting check
+    assert hybrid._host_block(far) == HOST
+    far[far == 7] = 1_000_010
+    assert hybrid._host_block(far) is None
     ragged = owner.copy()
     ragged[0, 0, 0, 0, 0] = 5  # one chip of process 0 given to process 5
     assert hybrid._host_block(ragged) is None

@@ -12,6 +12,7 @@ lift is kept only when it costs no more hops than the plain ring.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -52,9 +53,7 @@ def lift_ring(ring: Ring, cells: Sequence[int]) -> Ring | None:
         return ring
     if math.prod(cells) > _MAX_CELLS:
         return None
-    local = np.array(list(itertools.product(*(range(c) for c in cells))), np.int64)
-    step = np.array([f.hops(1) for f in chip], np.int64)
-    intra, paths = _block_paths(local, step)
+    local, intra, paths = _block_paths(tuple(cells), tuple(f.hops(1) for f in chip))
     coarse_factors = tuple(
         f._replace(size=b, stride=f.stride * c) for f, b, c in zip(chip, blocks, cells, strict=True)
     )
@@ -86,9 +85,14 @@ def _coarse_cycles(factors: tuple[Factor, ...]) -> Iterator[tuple[tuple[int, ...
         yield order, method
 
 
-def _block_paths(local: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, list[list[list[int]]]]:
-    """Cheapest Hamiltonian path between every pair of a block's cells (cost, cells in order);
-    cost inf where none exists."""
+@functools.lru_cache(maxsize=64)
+def _block_paths(
+    cells: tuple[int, ...], step: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, list[list[list[int]]]]:
+    """A block's cells (digits per factor, `cells[i]` positions along factor i, a move along
+    it costing `step[i]` hops), and the cheapest Hamiltonian path between every pair of them
+    (cost, inf where none exists; cells in order). Read-only: the answer is cached."""
+    local = np.array(list(itertools.product(*(range(c) for c in cells))), np.int64)
     n = len(local)
     near = [[j for j in range(n) if np.abs(local[i] - local[j]).sum() == 1] for i in range(n)]
     cost = np.full((n, n), np.inf)
@@ -108,7 +112,8 @@ def _block_paths(local: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, list[
 
     for start in range(n):
         walk([start], 0)
-    return cost, best
+    local.flags.writeable = cost.flags.writeable = False
+    return local, cost, best
 
 
 def _cheapest_lift(
@@ -121,10 +126,11 @@ def _cheapest_lift(
 ) -> tuple[int, np.ndarray, np.ndarray] | None:
     """The cheapest choice of entry and exit cell per block around the coarse cycle `coarse`:
     (hops, entry cells, exit cells), or None when it costs more than `budget`."""
-    m, n = len(coarse), len(local)
     delta = np.roll(coarse, -1, axis=0) - coarse
-    kinds, which = np.unique(delta, axis=0, return_inverse=True)
-    which = which.ravel()
+    span = 2 * coarse.max(initial=0) + 1
+    code = (delta + span // 2) @ span ** np.arange(delta.shape[1])
+    _, first, which = np.unique(code, return_index=True, return_inverse=True)
+    kinds = delta[first]
     stride = np.array([f.stride for f in chip], np.int64)
     extent = np.array([f.extent for f in chip], np.int64)
     wrap = np.array([f.wrap for f in chip])
@@ -135,22 +141,37 @@ def _cheapest_lift(
     # step[k, e, e']: enter at e, leave by the cheapest exit, enter the next block at e'.
     through = intra[None, :, :, None] + d[:, None, :, :]
     exit_of = through.argmin(axis=2)
-    step = through.min(axis=2)
-    # cost[s, e]: cheapest way from entering block 0 at s to entering the current block at e.
-    cost = np.where(np.eye(n, dtype=bool), 0.0, np.inf)
-    back = np.empty((m, n, n), np.int64)
-    rows = np.arange(n)[:, None]
-    for k in range(m):
-        total = cost[:, :, None] + step[which[k]][None]
-        back[k] = total.argmin(axis=1)
-        cost = total[rows, back[k], np.arange(n)[None, :]]
-    loop = np.diagonal(cost)
-    start = int(loop.argmin())
-    if not np.isfinite(loop[start]) or loop[start] > budget:
+    step = np.take_along_axis(through, exit_of[:, :, None, :], axis=2)[:, :, 0, :]
+    loop, entries = _cheapest_cycle(step[which])
+    if loop > budget:
         return None
-    entries = np.empty(m + 1, np.int64)
-    entries[m] = start
-    for k in range(m - 1, -1, -1):
-        entries[k] = back[k, start, entries[k + 1]]
     exits = exit_of[which, entries[:-1], entries[1:]]
-    return int(loop[start]), entries[:-1], exits
+    return int(loop), entries[:-1], exits
+
+
+def _cheapest_cycle(steps: np.ndarray) -> tuple[float, np.ndarray]:
+    """The cheapest closed walk through a chain of (state x state) step costs `steps`:
+    (its cost, the state before each step and after the last, which is the first).
+
+    The min-plus product of the chain is taken pairwise, log2(len(steps)) vectorised rounds,
+    keeping each product's middle states; the walk is then read back top-down.
+    """
+    n = steps.shape[1]
+    identity = np.where(np.eye(n, dtype=bool), 0.0, np.inf)
+    mats, middles, counts = steps, [], []
+    while len(mats) > 1:
+        counts.append(len(mats))
+        if len(mats) % 2:
+            mats = np.concatenate([mats, identity[None]])
+        total = mats[0::2, :, :, None] + mats[1::2, None, :, :]  # (pair, in, middle, out)
+        middle = total.argmin(axis=2)
+        mats = np.take_along_axis(total, middle[:, :, None, :], axis=2)[:, :, 0, :]
+        middles.append(middle)
+    loop = np.diagonal(mats[0])
+    start = int(loop.argmin())
+    ins = outs = np.array([start])
+    for middle, count in zip(reversed(middles), reversed(counts), strict=True):
+        mid = middle[np.arange(len(ins)), ins, outs]
+        ins = np.column_stack([ins, mid]).ravel()[:count]
+        outs = np.column_stack([mid, outs]).ravel()[:count]
+    return float(loop[start]), np.append(ins, start)
