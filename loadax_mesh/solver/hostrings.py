@@ -141,7 +141,7 @@ def _cheapest_lift(
     # step[k, e, e']: enter at e, leave by the cheapest exit, enter the next block at e'.
     through = intra[None, :, :, None] + d[:, None, :, :]
     exit_of = through.argmin(axis=2)
-    step = np.take_along_axis(through, exit_of[:, :, None, :], axis=2)[:, :, 0, :]
+    step = through.min(axis=2)
     loop, entries = _cheapest_cycle(step[which])
     if loop > budget:
         return None
@@ -164,14 +164,13 @@ def _cheapest_cycle(steps: np.ndarray) -> tuple[float, np.ndarray]:
         if len(mats) % 2:
             mats = np.concatenate([mats, identity[None]])
         total = mats[0::2, :, :, None] + mats[1::2, None, :, :]  # (pair, in, middle, out)
-        middle = total.argmin(axis=2)
-        mats = np.take_along_axis(total, middle[:, :, None, :], axis=2)[:, :, 0, :]
-        middles.append(middle)
+        middles.append(total.argmin(axis=2))
+        mats = total.min(axis=2)
     loop = np.diagonal(mats[0])
     start = int(loop.argmin())
     ins = outs = np.array([start])
     for middle, count in zip(reversed(middles), reversed(counts), strict=True):
         mid = middle[np.arange(len(ins)), ins, outs]
-        ins = np.column_stack([ins, mid]).ravel()[:count]
-        outs = np.column_stack([mid, outs]).ravel()[:count]
+        ins, outs = np.stack([ins, mid], axis=1), np.stack([mid, outs], axis=1)
+        ins, outs = ins.ravel()[:count], outs.ravel()[:count]
     return float(loop[start]), np.append(ins, start)
