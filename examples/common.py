@@ -76,6 +76,27 @@ def train(
     return losses
 
 
+def train_mlp(
+    config: lm.MeshConfig,
+    specs: dict[str, PartitionSpec],
+    *,
+    global_batch: int = 64,
+    features: int = 16,
+    hidden: int = 64,
+) -> list[float]:
+    """Train the two-layer MLP on `config`'s mesh with its weights laid out by `specs`."""
+    mesh, rows = setup(config, global_batch)
+    return train(
+        mesh,
+        mlp_params(features, hidden),
+        specs,
+        mlp_loss,
+        lambda i: regression_rows(rows, i, global_batch, features),
+        config.batch_axis_names,
+        lr=0.5,
+    )
+
+
 def regression_rows(
     rows: lm.HostBatchSlice, step: int, global_batch: int, features: int, seq: int = 0
 ) -> dict[str, np.ndarray]:

@@ -8,20 +8,8 @@ hardware) and replicated over `replicate` (across processes / slices); the batch
 both axes.
 """
 
-from common import lm, mlp_loss, mlp_params, regression_rows, setup, train
+from common import lm, train_mlp
 from jax.sharding import PartitionSpec as P
 
-FEATURES, HIDDEN, GLOBAL_BATCH = 16, 64, 64
-
-config = lm.MeshConfig.from_preset("hsdp")
-mesh, rows = setup(config, GLOBAL_BATCH)
 specs = {"w1": P(None, "shard"), "w2": P("shard", None)}  # fully sharded within a granule
-train(
-    mesh,
-    mlp_params(FEATURES, HIDDEN),
-    specs,
-    mlp_loss,
-    lambda i: regression_rows(rows, i, GLOBAL_BATCH, FEATURES),
-    config.batch_axis_names,
-    lr=0.5,
-)
+train_mlp(lm.MeshConfig.from_preset("hsdp"), specs)
