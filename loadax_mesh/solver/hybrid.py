@@ -6,6 +6,7 @@ major part, as in `jax.experimental.mesh_utils.create_hybrid_device_mesh`.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ from ..devices import DeviceTable
 from ..errors import MeshConfigError
 from ..shapes import HybridMeshShape
 from .torus import solve_torus
+
+_log = logging.getLogger("loadax_mesh")
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +66,11 @@ def layout_devices(table: DeviceTable, granule: np.ndarray, shape: HybridMeshSha
     members = None
     if table.coords is not None:
         torus, members = _torus_members(table, granule, num_granules, ici)
+        if members is None:
+            _log.warning(
+                "loadax_mesh: the TPU chips of each granule do not fill one box of the same "
+                "shape, so devices are ordered by (process_index, id), not along torus rings"
+            )
     if members is None:
         members = np.lexsort((table.ids, table.process_index, granule)).reshape(num_granules, -1)
     return Layout(assemble(members, ici, dcn), granule, num_granules, torus)
