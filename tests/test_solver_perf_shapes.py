@@ -1,6 +1,6 @@
 """The fast paths give the general paths' answers.
 
-`read_devices` reads TPU devices in one structured pass and converts one slice's coords when
+`read_devices` reads TPU devices in one ufunc pass and converts one slice's coords when
 every slice lists the same positions; `_torus_members` skips sorting when devices come granule
 by granule. Shuffled, re-ordered and odd device sets take the general paths: the table and the
 plan must not change.
