@@ -8,6 +8,7 @@ after that is numpy array work.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -52,77 +53,100 @@ class DeviceTable:
         return len(self.ids)
 
 
-_READ_ALL = attrgetter("id", "process_index", "platform", "device_kind")
-# TPU (and most GPU) devices carry every attribute. One ufunc call reads them all into seven
-# object arrays: numpy calls the getter per device with no Python iterator in between, which
-# is a third faster than chaining the attribute tuples into one array.
-_READ_FULL = np.frompyfunc(
-    attrgetter(
-        "id", "process_index", "slice_index", "core_on_chip", "platform", "device_kind", "coords"
-    ),
-    1,
-    7,
-)
+_REQUIRED = ("id", "process_index", "platform", "device_kind")
+_OPTIONAL = ("slice_index", "core_on_chip", "coords")
 
 
 def read_devices(devices: Sequence[Any]) -> DeviceTable:
-    """Read a device set once into a DeviceTable; reject empty, mixed or duplicated sets."""
-    devs = list(devices.flat) if isinstance(devices, np.ndarray) else devices
-    n = len(devs)
-    if not n:
+    """Read a device set once into a DeviceTable; reject empty, mixed or duplicated sets.
+
+    The optional attributes the first device has are read from all of them; one that another
+    device lacks or holds as None counts as absent.
+    """
+    if isinstance(devices, np.ndarray):
+        array = devices.astype(object).reshape(-1)  # a copy: the table owns its devices
+    else:
+        array = np.fromiter(devices, object, len(devices))
+    if not len(array):
         raise MeshConfigError("devices=[] is empty; accepted: one or more devices")
-    array = np.fromiter(devs, object, n)
-    try:
-        *numbers, platforms, kinds, coords = _READ_FULL(array)
-        ids, procs, slices, cores = (column.astype(np.int64) for column in numbers)
-    except (AttributeError, TypeError, ValueError, OverflowError):
-        return _read_each(devs)  # some attribute missing or None (CPU, GPU without slices)
-    platform, kind = _one_kind(platforms, kinds)
-    _distinct_ids(ids)
-    chips = None
-    if platform == "tpu":
-        try:
-            chips = _coords(coords, _slice_length(slices))
-        except TypeError:  # a device without a chip position
-            return _read_each(devs)
-    return DeviceTable(
-        array, ids, procs, slices, platform, kind, chips, cores if chips is not None else None
-    )
+    optional = [a for a in _OPTIONAL if getattr(array[0], a, None) is not None]
+    columns = _read(array, optional)
+    platform, kind = _one_kind(columns["platform"].tolist(), columns["device_kind"].tolist())
+    ids = _distinct_ids(_ints(columns["id"], "id"))
+    slices = _optional_ints(columns.get("slice_index"), "slice_index")
+    chips = cores = None
+    if platform == "tpu" and "coords" in columns:
+        chips = _coords(columns["coords"], _slice_length(slices) if slices is not None else 0)
+    if chips is not None:
+        cores = _optional_ints(columns.get("core_on_chip"), "core_on_chip")
+        cores = np.zeros(len(array), np.int64) if cores is None else cores
+    procs = _ints(columns["process_index"], "process_index")
+    return DeviceTable(array, ids, procs, slices, platform, kind, chips, cores)
 
 
-def _read_each(devs: Sequence[Any]) -> DeviceTable:
-    """The general reader: attributes beyond id, platform, device_kind and process_index are
-    optional (`slice_index` is kept only when every device has one)."""
+def _read(array: np.ndarray, optional: Sequence[str]) -> dict[str, np.ndarray]:
+    """The required and the given optional attributes of every device, as object columns; an
+    optional attribute some device lacks is left out."""
     try:
-        ids, procs, platforms, kinds = zip(*map(_READ_ALL, devs), strict=True)
+        return _columns(array, (*_REQUIRED, *optional))
+    except AttributeError:
+        pass
+    try:
+        columns = _columns(array, _REQUIRED)
     except AttributeError as err:
         raise MeshConfigError(
-            f"devices: {err}; accepted: objects with id, platform, device_kind, process_index"
+            f"devices: {err}; accepted: objects with {', '.join(_REQUIRED)} (and optionally "
+            f"{', '.join(_OPTIONAL)})"
         ) from None
-    platform, kind = _one_kind(np.asarray(platforms, object), np.asarray(kinds, object))
-    id_arr = _distinct_ids(np.asarray(ids, dtype=np.int64))
-    slices = [getattr(d, "slice_index", None) for d in devs]
-    slice_arr = None if any(s is None for s in slices) else np.asarray(slices, dtype=np.int64)
-    coords = cores = None
-    if platform == "tpu" and all(getattr(d, "coords", None) is not None for d in devs):
-        coords = _coords([d.coords for d in devs])
-        cores = np.asarray([getattr(d, "core_on_chip", 0) for d in devs], dtype=np.int64)
-    return DeviceTable(
-        np.fromiter(devs, object, len(devs)),
-        id_arr,
-        np.asarray(procs, dtype=np.int64),
-        slice_arr,
-        platform,
-        kind,
-        coords,
-        cores,
+    for name in optional:
+        with contextlib.suppress(AttributeError):
+            columns |= _columns(array, (name,))
+    return columns
+
+
+def _columns(array: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """One ufunc call reads the named attributes of every device: numpy calls the getter per
+    device with no Python iterator in between, a third faster than chaining attribute tuples."""
+    out = np.frompyfunc(attrgetter(*names), 1, len(names))(array)
+    return dict(zip(names, out if len(names) > 1 else (out,), strict=True))
+
+
+def _ints(column: np.ndarray, field: str) -> np.ndarray:
+    """An object column as int64. The first device's value must be an int: numpy's cast, fast
+    enough for every device, would also turn "3" or 2.5 into an int, so a stand-in class that
+    uses another type is caught by its first device."""
+    try:
+        if _is_int64(column[0]):
+            return column.astype(np.int64)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    bad = next((v for v in column.tolist() if not _is_int64(v)), column[0])
+    raise MeshConfigError(
+        f"devices: a device has {field}={bad!r}; accepted: an int for every device"
     )
 
 
-def _one_kind(platforms: np.ndarray, kinds: np.ndarray) -> tuple[str, str]:
-    """The one platform and device kind of the set, or an error naming the mix."""
+def _optional_ints(column: np.ndarray | None, field: str) -> np.ndarray | None:
+    """`_ints`, or None when the column is absent or a device has None there."""
+    if column is None:
+        return None
+    try:
+        return _ints(column, field)
+    except MeshConfigError:
+        if any(v is None for v in column.tolist()):
+            return None
+        raise
+
+
+def _is_int64(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and bool(-(2**63) <= value < 2**63)
+
+
+def _one_kind(platforms: list[Any], kinds: list[Any]) -> tuple[str, str]:
+    """The one platform and device kind of the set, or an error naming the mix (list.count
+    compares by identity first: faster than an object-array compare)."""
     n = len(platforms)
-    if np.count_nonzero(platforms == platforms[0]) != n or np.count_nonzero(kinds == kinds[0]) != n:
+    if platforms.count(platforms[0]) != n or kinds.count(kinds[0]) != n:
         raise MeshConfigError(
             f"devices mix platforms {sorted(set(platforms))} / kinds {sorted(set(kinds))}; "
             "accepted: one kind of device"
@@ -157,23 +181,33 @@ def _slice_length(slices: np.ndarray) -> int:
     return length
 
 
-def _coords(coords: Any, period: int = 0) -> np.ndarray:
-    """The chip positions as an (n, d) int array; all must have the same number of dims (checked
-    by the total count: one pass over the devices is all this reader allows itself).
+def _coords(coords: np.ndarray, period: int = 0) -> np.ndarray | None:
+    """The chip positions as an (n, d) int array, or None when a device has none; all must have
+    the same number of dims (checked by the total count: one pass is all this allows itself).
 
     When every slice of `period` devices lists the same positions in the same order (the usual
     case), only the first slice's are converted: comparing the rest costs a third as much.
     """
     n = len(coords)
-    if period and isinstance(coords, np.ndarray):
+    if period:
         blocks = coords.reshape(-1, period)
         if bool((blocks[1:] == blocks[:1]).all()):
             first = _coords(blocks[0])
+            if first is None:
+                return None
             tiled = np.empty((n // period, *first.shape), np.int64)
             tiled[:] = first
             return tiled.reshape(n, -1)
-    d = len(coords[0])
-    flat = np.fromiter(itertools.chain.from_iterable(coords), np.int64)
+    try:
+        d = len(coords[0])
+        flat = np.fromiter(itertools.chain.from_iterable(coords), np.int64)
+    except TypeError:
+        if any(c is None for c in coords.tolist()):
+            return None
+        raise MeshConfigError(
+            "devices: a device's coords is no sequence of ints; accepted: one chip position "
+            "(a tuple of ints) per TPU device"
+        ) from None
     if flat.size != n * d:
         raise MeshConfigError(
             f"devices have coords of different lengths (first: {tuple(coords[0])}); "

@@ -172,6 +172,11 @@ def initialize(**kwargs: Any) -> None:
         os.environ.get("XLA_FLAGS", ""), settings.devices_per_process
     )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    for stream in (sys.stdout, sys.stderr):
+        # Whole lines in one write each: gloo's C++ prints on the same file descriptors, and an
+        # unbuffered print writes its text and its newline separately.
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
     if settings.init_timeout is not None:
         kwargs.setdefault("initialization_timeout", settings.init_timeout)
     jax.distributed.initialize(

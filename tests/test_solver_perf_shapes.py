@@ -1,33 +1,49 @@
 """The fast paths give the general paths' answers.
 
-`read_devices` reads TPU devices in one ufunc pass and converts one slice's coords when
-every slice lists the same positions; `_torus_members` skips sorting when devices come granule
-by granule. Shuffled, re-ordered and odd device sets take the general paths: the table and the
-plan must not change.
+`read_devices` reads every device in one ufunc pass and converts one slice's coords when every
+slice lists the same positions; `_torus_members` skips sorting when devices come granule by
+granule. Shuffled, re-ordered and odd device sets take the general paths: the table must equal
+one read attribute by attribute, and the plan must not change.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import loadax_mesh as lm
-from loadax_mesh.devices import _read_each, dense_rank, read_devices
+from loadax_mesh.devices import dense_rank, read_devices
 from loadax_mesh.errors import MeshConfigError
 from tests.standins import gpu_nodes, tpu_slices
 
 
-def same_table(a, b) -> None:
-    assert list(a.devices) == list(b.devices)
-    for field in ("ids", "process_index", "slice_index", "coords", "core_on_chip"):
-        x, y = getattr(a, field), getattr(b, field)
-        assert (x is None) == (y is None), field
-        if x is not None:
-            assert np.array_equal(x, y), field
-    assert (a.platform, a.device_kind) == (b.platform, b.device_kind)
+def reference_table(devices) -> dict:
+    """The table's definition, read device by device."""
+    slices = [getattr(d, "slice_index", None) for d in devices]
+    tpu = devices[0].platform == "tpu"
+    coords = [getattr(d, "coords", None) for d in devices]
+    with_coords = tpu and all(c is not None for c in coords)
+    return {
+        "ids": [d.id for d in devices],
+        "process_index": [d.process_index for d in devices],
+        "slice_index": None if None in slices else slices,
+        "coords": [list(c) for c in coords] if with_coords else None,
+        "core_on_chip": [getattr(d, "core_on_chip", 0) for d in devices] if with_coords else None,
+        "kind": (devices[0].platform, devices[0].device_kind),
+    }
+
+
+def no_optional(d, *keep):
+    """A device with only the required attributes (as jax's CPU devices), plus `keep`."""
+    names = ("id", "process_index", "platform", "device_kind", *keep)
+    return SimpleNamespace(**{name: getattr(d, name) for name in names})
+
+
+TPU = tpu_slices((2, 2, 2), num_slices=3)
 
 
 @pytest.mark.parametrize(
@@ -38,14 +54,25 @@ def same_table(a, b) -> None:
         gpu_nodes(4),
         gpu_nodes(2, with_slice_index=False),
         # Real TPU devices give coords as a list, a new one on every read.
-        [
-            dataclasses.replace(d, coords=list(d.coords))
-            for d in tpu_slices((2, 2, 2), num_slices=3)
-        ],
+        [dataclasses.replace(d, coords=list(d.coords)) for d in TPU],
+        [no_optional(d) for d in TPU],  # no optional attribute at all
+        [*TPU[:-1], no_optional(TPU[-1], "coords")],  # the last lacks slice_index
+        [no_optional(d, "slice_index", "coords") for d in TPU],  # no core_on_chip: 0
+        [*TPU[:-1], dataclasses.replace(TPU[-1], coords=None)],
+        np.array(TPU, dtype=object).reshape(3, -1),
     ],
 )
-def test_one_pass_reader_matches_the_general_reader(devices):
-    same_table(read_devices(devices), _read_each(devices))
+def test_the_table_holds_every_device_attribute(devices):
+    table = read_devices(devices)
+    devices = list(np.asarray(devices, dtype=object).flat)
+    want = reference_table(devices)
+    assert list(table.devices) == devices
+    for field in ("ids", "process_index", "slice_index", "coords", "core_on_chip"):
+        got = getattr(table, field)
+        assert (got is None) == (want[field] is None), field
+        if got is not None:
+            assert got.tolist() == want[field], field
+    assert (table.platform, table.device_kind) == want["kind"]
 
 
 def test_slices_listed_differently_still_read_right():
@@ -81,7 +108,7 @@ def test_sparse_slice_and_device_ids():
     assert dense_rank(np.array([50, 7, 7, 1_000_000_000, 50])).tolist() == [1, 0, 0, 2, 1]
 
 
-def test_bad_device_sets_are_errors_on_both_paths():
+def test_bad_device_sets_are_errors():
     devices = tpu_slices((2, 2, 1))
     twice = [*devices, devices[0]]
     with pytest.raises(MeshConfigError, match="more than once"):
@@ -99,7 +126,21 @@ def test_bad_device_sets_are_errors_on_both_paths():
         read_devices(ragged)
     no_slice = [dataclasses.replace(d, slice_index=None) for d in devices]
     with pytest.raises(MeshConfigError, match="more than once"):
-        read_devices([*no_slice, no_slice[0]])  # the general reader checks too
+        read_devices([*no_slice, no_slice[0]])
+    with pytest.raises(MeshConfigError, match="id=None"):
+        read_devices([*devices[:3], dataclasses.replace(devices[3], id=None)])
+    with pytest.raises(MeshConfigError, match="process_index='0'"):
+        read_devices([dataclasses.replace(devices[0], process_index="0"), *devices[1:]])
+    with pytest.raises(MeshConfigError, match=r"id=2\.5"):
+        read_devices([dataclasses.replace(devices[0], id=2.5), *devices[1:]])
+    with pytest.raises(MeshConfigError, match=f"id={2**70}"):
+        read_devices([*devices[:3], dataclasses.replace(devices[3], id=2**70)])
+    with pytest.raises(MeshConfigError, match="slice_index='a'"):
+        read_devices([*devices[:3], dataclasses.replace(devices[3], slice_index="a")])
+    with pytest.raises(MeshConfigError, match="coords is no sequence"):
+        read_devices([*devices[:3], dataclasses.replace(devices[3], coords=7)])
+    with pytest.raises(MeshConfigError, match="no attribute 'device_kind'"):
+        read_devices([*devices[:3], SimpleNamespace(id=3, process_index=0, platform="tpu")])
 
 
 def test_tpu_devices_without_positions_fall_back_to_listing_order():
