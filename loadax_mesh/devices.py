@@ -1,9 +1,9 @@
 """One normal form for a device set: real jax devices and stand-ins are read the same way.
 
 A device is anything with `id`, `platform`, `device_kind`, `process_index` and, optionally,
-`slice_index`, `coords` and `core_on_chip` (read only on TPU: a GPU's `coords` holds its local
-device id, which is no torus position). Each device's attributes are read once; everything
-after that is numpy array work.
+`slice_index`, `coords` and `core_on_chip` (chip positions are used only on TPU: a GPU's
+`coords` holds its local device id, which is no torus position). Each device's attributes are
+read once, by one ufunc call; everything after that is numpy array work.
 """
 
 from __future__ import annotations
