@@ -262,8 +262,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, as every loadax-mesh error (no usage)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=_PREFIX,
         description="Run CMD as N local processes of one jax.distributed job, each with K CPU "
         "devices (gloo collectives). Output lines carry the process index; a failing process "

@@ -144,7 +144,9 @@ def test_a_given_free_port_is_used() -> None:
 )
 def test_bad_arguments(args: list[str], message: str, capsys: Any) -> None:
     assert launcher.main(args) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("loadax-mesh launch: error: ") and err.count("\n") == 1, err
+    assert message in err
 
 
 def test_help_exits_zero(capsys: Any) -> None:
