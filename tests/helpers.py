@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 
@@ -24,6 +26,15 @@ def assert_dcn_blocks_are_granules(plan: MeshPlan) -> None:
     )
     assert (blocks == blocks[:, :1]).all(), "an ICI block mixes granules"
     assert len(set(blocks[:, 0].tolist())) == math.prod(dcn), "two DCN blocks share a granule"
+
+
+def run_python(code: str, *, timeout: float = 120) -> str:
+    """Run `python -c code` in a fresh interpreter; its stdout (it must exit 0)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def ids(plan: MeshPlan) -> np.ndarray:

@@ -4,8 +4,6 @@ meshes."""
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,7 @@ from jax.sharding import Mesh, PartitionSpec
 import loadax_mesh as lm
 from loadax_mesh.batch import ShardBlocks, batch_sharding, data_parallel_size, shard_blocks
 from loadax_mesh.devices import SimulatedDevice
+from tests.helpers import run_python
 from tests.standins import cpu_processes
 
 
@@ -245,8 +244,7 @@ def test_batch_imports_no_jax() -> None:
         "shard_blocks(np.zeros((2, 2), int), [0])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr
+    assert run_python(code) == "[]\n"
 
 
 def brute_force_rows(mesh: Any, axes: tuple[str, ...], global_batch: int) -> dict[int, set[int]]:

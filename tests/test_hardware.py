@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tomllib
 
 import jax
@@ -22,6 +20,7 @@ from loadax_mesh.hardware import (
     simulate_devices,
     wraparound,
 )
+from tests.helpers import run_python
 from tests.standins import gpu_nodes, tpu_slices
 
 FIELDS = ("id", "platform", "device_kind", "process_index", "slice_index", "coords", "core_on_chip")
@@ -390,7 +389,4 @@ def test_simulation_does_not_import_jax():
         "lm.plan_mesh((1, -1), devices, axis_names=('data', 'fsdp'))\n"
         "print('jax' in sys.modules, len(devices))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.split() == ["False", "256"]
+    assert run_python(code).split() == ["False", "256"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -15,6 +13,7 @@ from loadax_mesh import HybridMeshShape, MeshConfig, MeshConfigError
 from loadax_mesh.hardware import list_hardware, parse_hardware, simulate_devices
 from loadax_mesh.presets import get_preset, list_presets, load_preset
 from loadax_mesh.rules import match_regex_rules
+from tests.helpers import run_python
 
 PRESETS = ["dp", "dp_sp", "fsdp", "fsdp_tp", "hsdp", "pipeline_fsdp_tp"]
 NO_MATCH = object()
@@ -301,7 +300,4 @@ def test_preset_planning_does_not_import_jax():
         "plan = lm.MeshConfig.from_preset('fsdp_tp', tp=8).plan(devices)\n"
         "print('jax' in sys.modules, plan.hardware, plan.shape['model'])\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.split() == ["False", "tpu-v5p-512", "8"]
+    assert run_python(code).split() == ["False", "tpu-v5p-512", "8"]

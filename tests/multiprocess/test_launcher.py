@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from loadax_mesh import MeshConfigError, distributed, launcher
+from tests.helpers import run_python
 
 WAIT = 60  # seconds any launcher run in this file may take before the test gives up
 
@@ -249,10 +250,7 @@ def test_the_launcher_imports_no_jax() -> None:
         "import sys\nfrom loadax_mesh import launcher\nfrom loadax_mesh.distributed import main\n"
         "assert main is launcher.main\nprint(sorted(m for m in sys.modules if m.startswith('jax')))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT
-    )
-    assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr
+    assert run_python(code, timeout=WAIT) == "[]\n"
 
 
 def test_python_m_distributed_runs_the_launcher() -> None:
