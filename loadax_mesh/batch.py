@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from .errors import MeshConfigError
-from .groups import AxisNames, axis_positions
+from .groups import AxisNames, axis_positions, process_grid
 
 if TYPE_CHECKING:
     import jax
@@ -126,8 +126,7 @@ def _ordered_axes(mesh: Any, batch_axis_names: AxisNames) -> tuple[int, ...]:
 @functools.lru_cache(maxsize=64)
 def _layout(mesh: Any, positions: tuple[int, ...]) -> _Layout:
     devices = np.asarray(mesh.devices)
-    procs = np.fromiter((d.process_index for d in devices.flat), dtype=np.int64, count=devices.size)
-    held = shard_blocks(procs.reshape(devices.shape), positions)
+    held = shard_blocks(process_grid(devices), positions)
     axes = tuple(mesh.axis_names[p] for p in positions)
     sizes = tuple(devices.shape[p] for p in positions)
     return _Layout(axes, sizes, math.prod(sizes), held, _problem(held, axes, sizes))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -64,15 +65,18 @@ def axis_groups(mesh: Any, axes: AxisNames) -> list[list[Any]]:
     return [list(row) for row in _grouped(np.asarray(mesh.devices), positions)]
 
 
-def _process_grid(devices: np.ndarray) -> np.ndarray:
-    flat = [d.process_index for d in devices.flat]
-    return np.asarray(flat, dtype=np.int64).reshape(devices.shape)
+_PROCESS_INDEX = np.frompyfunc(operator.attrgetter("process_index"), 1, 1)
+
+
+def process_grid(devices: np.ndarray) -> np.ndarray:
+    """Every device's process index, shaped like `devices` (one ufunc call, no Python loop)."""
+    return _PROCESS_INDEX(devices).astype(np.int64)
 
 
 def process_groups(mesh: Any, axes: AxisNames) -> list[tuple[int, ...]]:
     """For each group of `axis_groups(mesh, axes)`, its distinct process indices, sorted."""
     positions = axis_positions(mesh, axes)
-    rows = _grouped(_process_grid(np.asarray(mesh.devices)), positions)
+    rows = _grouped(process_grid(np.asarray(mesh.devices)), positions)
     ordered = np.sort(rows, axis=1)
     first = np.ones_like(ordered, dtype=bool)
     first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
