@@ -345,8 +345,11 @@ def _jax_devices() -> list[Any]:
         initialize()
     import jax
 
+    from .topology import quiet_stderr
+
     try:
-        return list(jax.devices())
+        with quiet_stderr(replay_on_error=False):  # the error line below says what failed
+            return list(jax.devices())
     except RuntimeError as err:  # no backend for JAX_PLATFORMS, e.g. tpu without a TPU
         raise UsageError(f"jax.devices() failed: {err}") from None
 

@@ -274,7 +274,8 @@ def simulate_devices(hardware: str | HardwareSpec) -> SimulatedDevices:
     """Stand-in devices for a hardware string, listed as JAX lists them (host by host).
 
     TPU: ids row-major over chip coords (x fastest) then core, slice by slice, as in JAX's own
-    mesh tests; `coords` are 3-tuples (z = 0 on 2D generations). GPU: ids grouped by host,
+    mesh tests; `coords` are 3-tuples (z = 0 on 2D generations); `slice_index` only when there
+    are several slices, as on libtpu's devices. GPU: ids grouped by host,
     `slice_index` per NVLink domain, `coords = (local id,)`. CPU: no slice_index, no coords.
     """
     spec = hardware if isinstance(hardware, HardwareSpec) else parse_hardware(hardware)
@@ -313,10 +314,12 @@ def _simulate_tpu(spec: HardwareSpec) -> list[SimulatedDevice]:
     procs = xp + hosts[0] * (yp + hosts[1] * (zp + hosts[2] * s))
     coords = zip(x.tolist(), y.tolist(), z.tolist(), strict=True)
     kind = spec.device_kind
+    # One slice: no slice_index, as libtpu's devices (and JAX's single-slice TpuDevice) have.
+    slices = s.tolist() if spec.slices > 1 else [None] * len(s)
     return [
         SimulatedDevice(i, "tpu", kind, p, sl, c, k)
         for i, p, sl, c, k in zip(
-            ids.tolist(), procs.tolist(), s.tolist(), coords, core.tolist(), strict=True
+            ids.tolist(), procs.tolist(), slices, coords, core.tolist(), strict=True
         )
     ]
 

@@ -1,0 +1,106 @@
+"""Real TPU device objects without a TPU: libtpu's compile-only client (DESIGN.md section 6).
+
+`jax.experimental.topologies.get_topology_desc` gives the devices Google's TPU runtime would
+list for a topology (ids, coords, cores, hosts, slices); `jax.jit(...).lower(...).compile()`
+compiles for them with the real TPU compiler. They are the referee for `simulate_devices`.
+Needs `pip install 'loadax-mesh[tpu]'` (jax[tpu], which brings libtpu).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import MeshConfigError
+from .hardware import HardwareSpec, parse_hardware
+
+INSTALL = "pip install 'loadax-mesh[tpu]' (jax[tpu], which brings libtpu)"
+
+# Differences between libtpu's compile-only devices and what jax.devices() lists on the real
+# machine, per generation; the CLI prints them beside a plan on these devices.
+DIFFERENCES = {
+    "v4": "libtpu's compile-only v4 devices are TensorCores (2 per chip, core_on_chip 0 and 1) "
+    "where jax on a real v4 host lists one megacore device per chip; libtpu takes no megacore "
+    "option, so meshes here have twice the devices and each holds half a chip's HBM",
+}
+
+
+class TopologyDevices(list[Any]):
+    """libtpu's compile-only devices of one hardware string; `hardware` names it."""
+
+    hardware: str
+    difference: str | None  # how they differ from the real machine's jax.devices(), if they do
+
+
+def topology_devices(hardware: str) -> TopologyDevices:
+    """The compile-only TPU devices of a catalogue string, multislice included.
+
+    Hosts follow the catalogue (libtpu's default host is 2x2x1 chips; a v5e-8 is one host of
+    2x4). v4 differs from the real machine: see `DIFFERENCES` (libtpu takes no megacore option).
+    GPU and CPU strings, strings the catalogue does not know, and a missing libtpu are
+    `MeshConfigError`s.
+    """
+    spec = parse_hardware(hardware)
+    if spec.platform != "tpu":
+        raise MeshConfigError(
+            f"hardware={hardware!r} is no TPU string; accepted: a TPU catalogue string such as "
+            "tpu-v5p-512 or tpu-v5litepod-256-4 (`loadax-mesh hardware`)"
+        )
+    name, kwargs = tpu_topology_args(spec)
+    topologies = _topologies()
+    try:
+        with quiet_stderr():  # libtpu warns that this machine has no TPU metadata
+            found = topologies.get_topology_desc(name, "tpu", **kwargs).devices
+    except RuntimeError as err:  # jax says "JAX TPU support not installed"
+        if "not installed" in str(err):
+            raise MeshConfigError(
+                f"hardware={hardware!r}: libtpu is not installed; install it with {INSTALL}"
+            ) from None
+        raise
+    devices = TopologyDevices(found)
+    devices.hardware = spec.hardware
+    devices.difference = DIFFERENCES.get(spec.type.key)
+    return devices
+
+
+def tpu_topology_args(spec: HardwareSpec) -> tuple[str, dict[str, Any]]:
+    """The name and options `get_topology_desc` takes for a parsed TPU string."""
+    fact = spec.fact("libtpu_name")
+    assert fact is not None, f"hardware.toml: tpu.{spec.type.key} has no libtpu_name"
+    kwargs: dict[str, Any] = {"chips_per_host_bounds": (*spec.host_block, 1, 1)[:3]}
+    if spec.slices > 1:
+        kwargs["num_slices"] = spec.slices
+    return f"{fact.value}:{spec.topology_name}", kwargs
+
+
+def _topologies() -> Any:
+    try:
+        from jax.experimental import topologies
+    except ImportError:
+        raise MeshConfigError(f"jax is not installed; install it with {INSTALL}") from None
+    return topologies
+
+
+@contextlib.contextmanager
+def quiet_stderr(*, replay_on_error: bool = True) -> Iterator[None]:
+    """Hold back what C++ code writes to file descriptor 2 (libtpu's start-up warnings); with
+    `replay_on_error` it is written out after all if the block raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            if replay_on_error:
+                held.seek(0)
+                sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
