@@ -1,0 +1,98 @@
+"""Causal grouped-query attention, as production trainers run it per platform.
+
+`flash`: on TPU, jax's splash-attention Pallas kernel under `shard_map` (heads over the tensor
+axis, query blocks over the sequence axis, keys and values gathered along the sequence); on GPU
+`jax.nn.dot_product_attention` with cuDNN; elsewhere the same function's XLA path. `plain`:
+the score matrix written out in float32. q is [batch, seq, heads, head_dim], k and v
+[batch, seq, kv_heads, head_dim]; the result has q's shape.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+if TYPE_CHECKING:
+    from .step import Step
+
+_BLOCK = 512  # splash block size (MaxText's default), or the whole sequence when shorter
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, step: Step) -> jax.Array:
+    platform = step.mesh.devices.flat[0].platform
+    if step.train.attention == "flash" and platform == "tpu":
+        return _splash(q, k, v, step)
+    # Keys and values whole along the sequence: an all-gather over the sequence axis.
+    kv = step.spec(("batch", None, "kv_heads", None))
+    k, v = (jax.lax.with_sharding_constraint(a, kv) for a in (k, v))
+    if step.train.attention == "plain":
+        return _plain(q, k, v)
+    if platform == "gpu":
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+
+def _plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    b, s, h, d = q.shape
+    groups = h // k.shape[2]
+    qg = q.reshape(b, s, k.shape[2], groups, d)
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", qg, k).astype(jnp.float32) * d**-0.5
+    causal = jnp.tril(jnp.ones((s, s), dtype=bool))
+    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    return jnp.einsum("bkgqs,bskd->bqkgd", weights, v).reshape(b, s, h, d)
+
+
+def _splash(q: jax.Array, k: jax.Array, v: jax.Array, step: Step) -> jax.Array:
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as kernels,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_mask as masks,
+    )
+
+    r = step.roles
+    _, s, h, d = q.shape
+    q_block = min(_BLOCK, s // r.size("seq"))
+    kv_block = min(_BLOCK, s)
+    sizes = kernels.BlockSizes(
+        block_q=q_block,
+        block_kv=kv_block,
+        block_kv_compute=kv_block,
+        block_q_dkv=q_block,
+        block_kv_dkv=kv_block,
+        block_kv_dkv_compute=kv_block,
+        block_q_dq=q_block,
+        block_kv_dq=kv_block,
+    )
+    mask = masks.MultiHeadMask([masks.CausalMask((s, s)) for _ in range(h)])
+    kernel = kernels.make_splash_mha(
+        mask, block_sizes=sizes, head_shards=r.size("model"), q_seq_shards=r.size("seq")
+    )
+    kernel_spec = kernel.manual_sharding_spec(NamedSharding(step.mesh, P(r.model, r.seq)))
+    batch = r.mesh_axes(("batch",))[0]
+    q_spec = P(batch, r.model, r.seq, None)
+    kv_spec = P(batch, r.model, None, None)
+
+    def local(kernel: kernels.SplashAttentionKernel, q: jax.Array, k: jax.Array, v: jax.Array):
+        return jax.vmap(kernel)(q, k, v)
+
+    sharded = jax.shard_map(
+        local,
+        mesh=step.mesh,
+        in_specs=(kernel_spec, q_spec, kv_spec, kv_spec),
+        out_specs=q_spec,
+        check_vma=False,
+    )
+    heads_first = (0, 2, 1, 3)  # [batch, heads, seq, head_dim], as the kernel takes them
+    out = sharded(
+        kernel,
+        (q * d**-0.5).transpose(heads_first),
+        k.transpose(heads_first),
+        v.transpose(heads_first),
+    )
+    return out.transpose(heads_first)

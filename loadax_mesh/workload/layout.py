@@ -1,0 +1,139 @@
+"""How the reference step lays a model over a mesh: parameter shapes with logical axes, and the
+rules that map logical axes to the plan's mesh axes. Pure Python: the cost model reads it too.
+
+Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis; `heads`, `kv_heads`, `mlp`
+and `vocab` -> the tensor-parallel axis; activations: `batch` -> the batch axes, `seq` -> the
+sequence axis. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import MeshConfigError
+from .spec import ModelSpec, TrainSpec
+
+# The mesh-axis names that play each role; an axis named otherwise must be a batch axis or 1.
+ROLE_NAMES = {
+    "fsdp": ("fsdp", "shard"),
+    "model": ("model", "tp", "tensor"),
+    "seq": ("seq", "sequence", "sequence_parallel", "sp", "context"),
+}
+
+Logical = tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Which mesh axes shard what: batch axes (mesh order), and the FSDP, tensor and sequence
+    axes (None where the mesh has none)."""
+
+    sizes: tuple[tuple[str, int], ...]  # every mesh axis and its size, in mesh order
+    batch: tuple[str, ...]
+    fsdp: str | None
+    model: str | None
+    seq: str | None
+
+    def size(self, role: str) -> int:
+        """The degree of a role: the product of the batch axes for "batch"."""
+        sizes = dict(self.sizes)
+        if role == "batch":
+            return math.prod(sizes[a] for a in self.batch)
+        axis = getattr(self, role)
+        return 1 if axis is None else sizes[axis]
+
+    def mesh_axes(self, logical: Logical) -> tuple[str | tuple[str, ...] | None, ...]:
+        """A PartitionSpec's entries for an array with these logical axes."""
+        table: dict[str, str | tuple[str, ...] | None] = {
+            "embed": self.fsdp,
+            "heads": self.model,
+            "kv_heads": self.model,
+            "mlp": self.model,
+            "vocab": self.model,
+            "seq": self.seq,
+            "batch": self.batch if len(self.batch) > 1 else self.batch[0],
+        }
+        return tuple(None if name is None else table[name] for name in logical)
+
+    def shards(self, logical: Logical) -> int:
+        """Into how many pieces an array with these logical axes is cut."""
+        total = 1
+        for entry in self.mesh_axes(logical):
+            for axis in (entry,) if isinstance(entry, str) else entry or ():
+                total *= dict(self.sizes)[axis]
+        return total
+
+
+def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> Roles:
+    """The role of every mesh axis; an axis of size > 1 with no role is an error."""
+    sizes = tuple((str(a), int(n)) for a, n in axis_sizes)
+    found: dict[str, str | None] = {}
+    for role, names in ROLE_NAMES.items():
+        hits = [a for a, _ in sizes if a in names]
+        if len(hits) > 1:
+            raise MeshConfigError(
+                f"mesh axes {hits} both play the {role} role; accepted: one axis per role"
+            )
+        found[role] = hits[0] if hits else None
+    for axis, size in sizes:
+        if size > 1 and axis not in batch_axes and axis not in found.values():
+            accepted = ", ".join(n for names in ROLE_NAMES.values() for n in names)
+            raise MeshConfigError(
+                f"mesh axis {axis!r} (size {size}) has no role in the reference step (it has no "
+                f"pipeline or expert parallelism); accepted: batch axes, or axes named {accepted}"
+            )
+    return Roles(sizes, tuple(a for a, _ in sizes if a in batch_axes), **found)
+
+
+def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]:
+    """Every parameter: its shape and logical axes. Layer weights are stacked on a leading
+    `num_layers` dim (the scan runs over it)."""
+    m = model
+    L, D, F, hd = m.num_layers, m.d_model, m.d_ff, m.head_dim
+    shapes: dict[str, tuple[tuple[int, ...], Logical]] = {
+        "embed": ((m.vocab_size, D), ("vocab", "embed")),
+        "final_norm": ((D,), (None,)),
+        "layers/attn_norm": ((L, D), (None, None)),
+        "layers/wq": ((L, D, m.num_heads, hd), (None, "embed", "heads", None)),
+        "layers/wk": ((L, D, m.num_kv_heads, hd), (None, "embed", "kv_heads", None)),
+        "layers/wv": ((L, D, m.num_kv_heads, hd), (None, "embed", "kv_heads", None)),
+        "layers/wo": ((L, m.num_heads, hd, D), (None, "heads", None, "embed")),
+        "layers/mlp_norm": ((L, D), (None, None)),
+        "layers/w_gate": ((L, D, F), (None, "embed", "mlp")),
+        "layers/w_up": ((L, D, F), (None, "embed", "mlp")),
+        "layers/w_down": ((L, F, D), (None, "mlp", "embed")),
+    }
+    if not m.tied_embeddings:
+        shapes["unembed"] = ((D, m.vocab_size), ("embed", "vocab"))
+    return shapes
+
+
+def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
+    """Every sharded dim divides by its axis, and the global batch by the batch degree."""
+    batch = r.size("batch")
+    if train.global_batch % batch:
+        raise MeshConfigError(
+            f"global_batch={train.global_batch} does not divide over the batch axes "
+            f"{list(r.batch)} (data-parallel degree {batch}); accepted: a multiple of {batch}"
+        )
+    dims = {
+        "model": (
+            ("num_heads", model.num_heads),
+            ("num_kv_heads", model.num_kv_heads),
+            ("d_ff", model.d_ff),
+            ("vocab_size", model.vocab_size),
+        ),
+        "fsdp": (("d_model", model.d_model),),
+        "seq": (("seq_len", model.seq_len),),
+    }
+    for role, checks in dims.items():
+        size = r.size(role)
+        for field, value in checks:
+            if value % size:
+                raise MeshConfigError(
+                    f"model {model.name!r}: {field}={value} does not divide over the {role} axis "
+                    f"{getattr(r, role)!r} of size {size}; accepted: a {role} axis whose size "
+                    f"divides {field}"
+                )
