@@ -18,6 +18,15 @@ from .errors import MeshConfigError
 
 _STATUSES = ("confirmed", "secondary", "derived", "unconfirmed", "unknown")
 _WRAP_RULES = ("full_cube", "dims_of_16", "none")
+_UNITS = {
+    "GB": 1e9,
+    "GiB": 2.0**30,
+    "GB/s": 1e9,
+    "Gbps": 1e9 / 8,
+    "TFLOPs": 1e12,
+    "us": 1e-6,
+    "GPUs": 1.0,
+}
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,15 @@ class Fact:
         shown = "x".join(map(str, self.value)) if isinstance(self.value, tuple) else self.value
         text = f"{shown} {self.unit}".strip()
         return text if self.status in ("confirmed", "secondary") else f"{text} ({self.status})"
+
+    @property
+    def base(self) -> float | None:
+        """The value in base units: bytes, bytes/s, FLOP/s, seconds (None when unknown)."""
+        if self.value is None:
+            return None
+        if self.unit not in _UNITS:
+            raise MeshConfigError(f"hardware.toml: unit {self.unit!r} is not one of {list(_UNITS)}")
+        return float(self.value) * _UNITS[self.unit]
 
 
 @dataclass(frozen=True)
@@ -276,3 +294,13 @@ def tpu_type_of_kind(device_kind: str) -> HardwareType | None:
         (t for t in catalogue().types if t.platform == "tpu" and device_kind in t.device_kinds),
         None,
     )
+
+
+def device_hbm(t: HardwareType) -> float | None:
+    """HBM one JAX device may use, in bytes: what the TPU compiler allows (`hbm_usable`), else
+    the chip's HBM shared by its devices; None where the catalogue does not know."""
+    usable = t.fact("hbm_usable")
+    if usable is not None and usable.base is not None:
+        return usable.base
+    hbm = t.fact("hbm")
+    return None if hbm is None or hbm.base is None else hbm.base / t.devices_per_chip

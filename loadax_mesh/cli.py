@@ -46,7 +46,11 @@ def _positive_int(text: str) -> int:
 
 
 _PLAN_HELP: dict[str, tuple[dict[str, Any], str]] = {  # flag: (argparse options, help)
-    "--devices": ({"choices": ["local"]}, "plan for this machine's jax.devices(), not HARDWARE"),
+    "--devices": (
+        {"choices": ["local", "libtpu"]},
+        "local: this machine's jax.devices(), not HARDWARE; libtpu: HARDWARE's real TPU devices "
+        "from libtpu's compile-only client (default for compile)",
+    ),
     "--strategy": (
         {"metavar": "PRESET"},
         "a preset (`loadax-mesh presets`); its rules pick the shape",
@@ -79,6 +83,9 @@ _COMMANDS = {
     "hardware": "the hardware catalogue",
     "presets": "the strategy presets: axes, batch axes, mesh rules",
     "devices": "what jax.devices() holds here, and the detected hardware string",
+    "compile": "compile the reference training step for a plan (libtpu's TPU compiler for a TPU "
+    "string, or --devices local) and report memory, fit, FLOPs and collectives",
+    "models": "the model catalogue for compile and the cost model",
     "launch": "N local processes joined by jax.distributed: launch --nprocs N "
     "--devices-per-process K -- CMD ...",
 }
@@ -87,22 +94,35 @@ _COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Plan JAX device meshes over ICI and DCN.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    runs = dict(plan=_cmd_plan, hardware=_cmd_hardware, presets=_cmd_presets, devices=_cmd_devices)
+    runs = dict(
+        plan=_cmd_plan,
+        hardware=_cmd_hardware,
+        presets=_cmd_presets,
+        devices=_cmd_devices,
+        compile=_cmd_compile,
+        models=_cmd_models,
+    )
     for name, text in _COMMANDS.items():
         command = sub.add_parser(name, help=text, description=text, add_help=name != "launch")
         if name in runs:
             command.set_defaults(run=runs[name])
             command.add_argument("--format", default="text", choices=["text", "json"])
-    plan = sub.choices["plan"]
-    plan.add_argument(
-        "hardware",
-        nargs="?",
-        metavar="HARDWARE",
-        help="e.g. tpu-v5p-512, "
-        "tpu-v5litepod-256-4, gpu-p5.48xlarge-256, cpu-2x4 (`loadax-mesh hardware`)",
-    )
-    for flag, (options, text) in _PLAN_HELP.items():
-        plan.add_argument(flag, **options, help=text)
+    from .cli_compile import COMPILE_FLAGS
+
+    for name, extra in (("plan", {}), ("compile", COMPILE_FLAGS)):
+        command = sub.choices[name]
+        command.add_argument(
+            "hardware",
+            nargs="?",
+            metavar="HARDWARE",
+            help="e.g. tpu-v5p-512, "
+            "tpu-v5litepod-256-4, gpu-p5.48xlarge-256, cpu-2x4 (`loadax-mesh hardware`)",
+        )
+        for flag, (options, text) in {**_PLAN_HELP, **extra}.items():
+            if not (name == "compile" and flag in ("--global-batch", "--svg", "--color")):
+                command.add_argument(flag, **options, help=text)
+        if name == "compile":
+            command.add_argument("--global-batch", **extra["--global-batch"][0])
     return parser
 
 
@@ -137,22 +157,9 @@ def _error(message: str) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    if (args.hardware is None) == (args.devices is None):
-        raise UsageError(
-            "plan needs exactly one of HARDWARE (e.g. tpu-v5p-512) and --devices local"
-        )
-    if args.devices == "local":
-        from .hardware import detect_hardware
-
-        devices: list[Any] = _jax_devices()
-        selector = detect_hardware(devices)
-    else:
-        from .hardware import simulate_devices
-
-        devices = simulate_devices(args.hardware)
-        selector = args.hardware
+    devices, selector = _devices(args)
     config, source = _config(args, selector)
-    notes = [source]
+    notes = [source, *_device_notes(devices)]
     plan = _plan_with_notes(config, devices, selector, args.granule, notes)
     if args.devices == "local":
         import jax
@@ -184,6 +191,53 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     )
     print(text + (f"\n\nsvg        wrote {args.svg}" if args.svg else ""))
     return 0
+
+
+def _devices(args: argparse.Namespace) -> tuple[list[Any], str]:
+    """The device set the flags name, and its hardware string."""
+    if (args.hardware is None) != (args.devices == "local"):
+        raise UsageError(
+            f"{args.command} needs exactly one of HARDWARE (e.g. tpu-v5p-512) and --devices local"
+        )
+    if args.devices == "local":
+        from .hardware import detect_hardware
+
+        devices: list[Any] = _jax_devices()
+        return devices, detect_hardware(devices)
+    if args.devices == "libtpu" or args.command == "compile":
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only: no accelerator needed
+        from .topology import topology_devices
+
+        return topology_devices(args.hardware), args.hardware
+    from .hardware import simulate_devices
+
+    return simulate_devices(args.hardware), args.hardware
+
+
+def _device_notes(devices: Any) -> list[str]:
+    """What to say about libtpu's devices: that they are, and how they differ from the real
+    machine's (v4)."""
+    if not hasattr(devices, "difference"):
+        return []
+    difference = devices.difference
+    notes = [f"devices: libtpu's compile-only devices for {devices.hardware}"]
+    return notes + ([f"differs from the real machine: {difference}"] if difference else [])
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from .cli_compile import compile_command
+
+    devices, selector = _devices(args)
+    config, source = _config(args, selector)
+    notes = [source, *_device_notes(devices)]
+    plan = _plan_with_notes(config, devices, selector, args.granule, notes)
+    return compile_command(args, plan, notes, _print_json)
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from .cli_compile import models_command
+
+    return models_command(args, _print_json)
 
 
 def _config(args: argparse.Namespace, selector: str) -> tuple[MeshConfig, str]:

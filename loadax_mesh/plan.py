@@ -29,7 +29,7 @@ class MeshPlan:
     dcn_mesh_shape: tuple[int, ...]
     devices: np.ndarray  # object array of devices, shaped like the mesh
     granule_kind: str  # "slice", "process", "none" or "custom"
-    hardware: str | None
+    selector: str | None  # the hardware string the caller or the device set gave, if any
     batch_axis_names: tuple[str, ...]
     layout: Layout = field(repr=False)
     table: DeviceTable = field(repr=False)
@@ -38,6 +38,19 @@ class MeshPlan:
     def shape(self) -> dict[str, int]:
         """Axis name -> size."""
         return dict(zip(self.axis_names, self.devices.shape, strict=True))
+
+    @cached_property
+    def hardware(self) -> str | None:
+        """The hardware string: the one given, else detected from the devices (None where
+        detection cannot name them). Detected only when asked: planning does not pay for it."""
+        if self.selector is not None:
+            return self.selector
+        from .hardware import detect_hardware
+
+        try:
+            return detect_hardware(list(self.table.devices))
+        except MeshConfigError:
+            return None
 
     @property
     def num_granules(self) -> int:
@@ -163,7 +176,7 @@ def _plan(
         dcn_mesh_shape=hybrid.dcn_mesh_shape,
         devices=table.devices[layout.index],
         granule_kind=kind,
-        hardware=hardware or getattr(devices, "hardware", None),  # simulate_devices names it
+        selector=hardware or getattr(devices, "hardware", None),  # simulated sets name it
         batch_axis_names=(batch,) if isinstance(batch, str) else tuple(batch),
         layout=layout,
         table=table,

@@ -52,6 +52,9 @@ def topology_devices(hardware: str) -> TopologyDevices:
         )
     name, kwargs = tpu_topology_args(spec)
     topologies = _topologies()
+    # libtpu takes a machine-wide lock for the TPU chips unless told not to; compile-only
+    # devices use no chips, so other processes may compile at the same time.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         with quiet_stderr():  # libtpu warns that this machine has no TPU metadata
             found = topologies.get_topology_desc(name, "tpu", **kwargs).devices

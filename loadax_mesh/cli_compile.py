@@ -1,0 +1,148 @@
+"""The CLI's workload commands: `models` (the model catalogue) and `compile` (the reference step
+compiled for a plan, with what the compiler says), as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .compile import CompileReport
+    from .plan import MeshPlan
+
+COMPILE_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
+    "--model": ({"required": True, "metavar": "M"}, "a model (`loadax-mesh models`)"),
+    "--global-batch": (
+        {"required": True, "type": int, "metavar": "B"},
+        "sequences per step over the whole job",
+    ),
+    "--remat": (
+        {"default": "full", "choices": ["full", "dots", "none"]},
+        "what the backward pass recomputes (default: full, only layer inputs are saved)",
+    ),
+    "--attention": (
+        {"default": "flash", "choices": ["flash", "plain"]},
+        "flash: splash kernel on TPU, cuDNN on GPU; plain: XLA with the scores written out",
+    ),
+}
+
+
+def models_command(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
+    from .render import text_table
+    from .workload import ModelSpec, list_models
+
+    models = [ModelSpec.from_name(name) for name in list_models()]
+    if args.format == "json":
+        print_json([{**vars(m), "num_params": m.num_params} for m in models])
+        return 0
+    keys = ["num_layers", "d_model", "d_ff", "num_heads", "num_kv_heads", "head_dim"]
+    rows = [["model", "params", "layers", "d_model", "d_ff", "heads", "kv", "head", "vocab", "seq"]]
+    for m in models:
+        rows.append(
+            [m.name, _count(m.num_params), *(getattr(m, k) for k in keys), m.vocab_size, m.seq_len]
+        )
+    print(text_table(rows))
+    print("\nSources: configs/models/<name>.toml (or --format json)")
+    return 0
+
+
+def compile_command(
+    args: argparse.Namespace, plan: MeshPlan, notes: list[str], print_json: Callable[[Any], None]
+) -> int:
+    from .compile import compile_step
+    from .workload import ModelSpec, TrainSpec
+
+    model = ModelSpec.from_name(args.model)
+    train = TrainSpec(global_batch=args.global_batch, remat=args.remat, attention=args.attention)
+    with _progress(f"compiling {model.name} for {plan.hardware or 'these devices'}"):
+        report = compile_step(plan, model, train)
+    if args.format == "json":
+        print_json({**report.to_dict(), "notes": notes})
+    else:
+        print(render_report(report, notes))
+    return 0
+
+
+def render_report(report: CompileReport, notes: list[str]) -> str:
+    """The compile report as text: memory against HBM, FLOPs, collectives per kind and axes."""
+    from .render import text_table
+
+    mesh = " x ".join(f"{k}={v}" for k, v in report.mesh.items())
+    lines = [
+        f"compiled   {report.model}, global batch {report.global_batch}, remat {report.remat}, "
+        f"attention {report.attention}",
+        f"hardware   {report.hardware or 'unknown'}; mesh {mesh}",
+        *(f"note       {n}" for n in notes),
+        f"time       {report.compile_seconds:.1f} s",
+        "",
+    ]
+    if report.message:
+        lines.append(f"refused    {report.message}")
+    hbm = "?" if report.hbm_bytes is None else _gb(report.hbm_bytes)
+    verdict = {True: "fits", False: "does NOT fit", None: "fit unknown (no HBM in the catalogue)"}
+    lines.append(
+        f"memory     {_gb(report.total_bytes)} per device of {hbm}: {verdict[report.fits]}"
+    )
+    if report.argument_bytes is not None:
+        parts = ("argument", "output", "temp", "alias")
+        lines.append(
+            "           "
+            + ", ".join(f"{p} {_gb(getattr(report, f'{p}_bytes'))}" for p in parts)
+            + " (total = argument + output + temp - alias)"
+        )
+    if report.flops is not None:
+        lines.append(f"flops      {report.flops:.3e} per device per step (loop trips counted)")
+    grouped: dict[tuple[str, tuple[str, ...] | None], list[int]] = {}
+    for c in report.collectives:
+        key = (c.kind, c.axes)
+        total = grouped.setdefault(key, [0, 0])
+        total[0] += c.count
+        total[1] += c.bytes * c.count
+    if grouped:
+        rows = [["collective", "axes", "per step", "bytes per step"]]
+        for (kind, axes), (count, size) in sorted(grouped.items(), key=lambda kv: -kv[1][1]):
+            shown = ",".join(axes) if axes else "(part of an axis)"
+            rows.append([kind, shown, count, _gb(size)])
+        lines += ["", text_table(rows)]
+    return "\n".join(lines)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+@contextmanager
+def _progress(what: str) -> Iterator[None]:
+    """A line on stderr that counts seconds while XLA compiles (a plain line if not a TTY)."""
+    if not sys.stderr.isatty():
+        print(f"{what} (XLA; this can take a minute) ...", file=sys.stderr, flush=True)
+        yield
+        return
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def tick() -> None:
+        spin = "|/-\\"
+        k = 0
+        while not done.wait(0.25):
+            seconds = time.perf_counter() - start
+            print(f"\r{spin[k % 4]} {what}: {seconds:.0f} s", end="", file=sys.stderr, flush=True)
+            k += 1
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

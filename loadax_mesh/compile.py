@@ -1,0 +1,223 @@
+"""Compile the reference step for a plan and report what the compiler says (DESIGN.md sec. 7).
+
+Memory per device from `memory_analysis()`, fit against the catalogue's HBM, FLOPs per step from
+XLA's own cost analysis with loop bodies counted once per trip, and every collective of the
+optimised HLO with its bytes, how often a step runs it and the mesh axes its groups span. On
+libtpu's compile-only devices this is the real TPU compiler, on a machine without a TPU.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from .catalogue import device_hbm
+from .hlo import Collective, HloText, collectives, group_axes, varying_axes
+
+if TYPE_CHECKING:
+    from .plan import MeshPlan
+    from .workload.spec import ModelSpec, TrainSpec
+
+_REFUSAL = re.compile(
+    r"required for [\w ]+\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)"
+)
+_SCALE = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+@dataclass(frozen=True)
+class CollectiveItem:
+    """A collective op: kind, bytes (the full buffer over its group), times a step runs it,
+    the mesh axes its groups span (None: they are no sub-grid of whole axes) and the axes its
+    members differ along (also for groups over part of an axis)."""
+
+    kind: str
+    bytes: int
+    count: int
+    axes: tuple[str, ...] | None
+    spans: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What compiling the reference step for a plan gave; bytes are per device."""
+
+    hardware: str | None
+    mesh: dict[str, int]
+    model: str
+    global_batch: int
+    remat: str
+    attention: str  # what ran: "splash", "cudnn", "xla" or "plain"
+    compile_seconds: float
+    argument_bytes: int | None
+    output_bytes: int | None
+    temp_bytes: int | None
+    alias_bytes: int | None
+    total_bytes: int  # argument + output + temp - alias (or the compiler's figure on refusal)
+    hbm_bytes: int | None  # what one device may use (catalogue), None if unknown
+    fits: bool | None
+    flops: float | None  # per device per step; None where no cost analysis answered
+    collectives: tuple[CollectiveItem, ...]
+    message: str | None = None  # the compiler's refusal, when it refused
+
+    def bytes_by_axes(self) -> dict[tuple[str, ...], int]:
+        """Collective bytes per step, summed per set of mesh axes the groups vary along."""
+        totals: dict[tuple[str, ...], int] = {}
+        for c in self.collectives:
+            totals[c.spans] = totals.get(c.spans, 0) + c.bytes * c.count
+        return totals
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["collectives"] = [c.to_dict() for c in self.collectives]
+        return data
+
+
+def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileReport:
+    """Compile the reference step for `plan` (its devices must be real or compile-only jax
+    devices). A TPU compile refused for lack of HBM gives a report with `fits` False and the
+    compiler's figures; any other compile error propagates."""
+    import jax
+
+    from .hardware import parse_hardware
+    from .workload.step import make_step
+
+    mesh = plan.to_jax_mesh()
+    step = make_step(mesh, model, train, batch_axes=plan.batch_axis_names)
+    platform = mesh.devices.flat[0].platform
+    spec = parse_hardware(plan.hardware) if _in_catalogue(plan.hardware) else None
+    hbm = device_hbm(spec.type) if spec is not None else None
+    common = dict(
+        hardware=plan.hardware,
+        mesh=dict(mesh.shape),
+        model=model.name,
+        global_batch=train.global_batch,
+        remat=train.remat,
+        attention=_attention_kind(train.attention, platform),
+        hbm_bytes=None if hbm is None else int(hbm),
+    )
+    start = time.perf_counter()
+    lowered = step.fn.lower(*step.abstract_args())
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as err:
+        refusal = _REFUSAL.search(str(err))
+        if "RESOURCE_EXHAUSTED" not in str(err) or refusal is None:
+            raise
+        need, have = (float(refusal[i]) * _SCALE[refusal[i + 1]] for i in (1, 3))
+        return CompileReport(
+            **{**common, "hbm_bytes": int(have)},  # type: ignore[arg-type]
+            compile_seconds=time.perf_counter() - start,
+            argument_bytes=None,
+            output_bytes=None,
+            temp_bytes=None,
+            alias_bytes=None,
+            total_bytes=int(need),
+            fits=False,
+            flops=None,
+            collectives=(),
+            message=str(err).strip().splitlines()[0],
+        )
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    total = (
+        memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        + memory.temp_size_in_bytes
+        - memory.alias_size_in_bytes
+    )
+    hlo = HloText(compiled.as_text())
+    shape = dict(mesh.shape)
+    items = tuple(
+        CollectiveItem(
+            c.kind, c.bytes, c.count, _axes(c, dict(mesh.shape)), varying_axes(c.groups, shape)
+        )
+        for c in collectives(hlo, mesh.devices.size)
+    )
+    return CompileReport(
+        **common,  # type: ignore[arg-type]
+        compile_seconds=seconds,
+        argument_bytes=memory.argument_size_in_bytes,
+        output_bytes=memory.output_size_in_bytes,
+        temp_bytes=memory.temp_size_in_bytes,
+        alias_bytes=memory.alias_size_in_bytes,
+        total_bytes=total,
+        fits=None if hbm is None else total <= hbm,
+        flops=step_flops(compiled, hlo),
+        collectives=items,
+    )
+
+
+def _axes(c: Collective, mesh_shape: dict[str, int]) -> tuple[str, ...] | None:
+    return group_axes(c.groups, mesh_shape, pairs=c.kind == "collective-permute")
+
+
+def _in_catalogue(hardware: str | None) -> bool:
+    from .errors import MeshConfigError
+    from .hardware import parse_hardware
+
+    if hardware is None:
+        return False
+    try:
+        parse_hardware(hardware)
+    except MeshConfigError:
+        return False
+    return True
+
+
+def _attention_kind(attention: str, platform: str) -> str:
+    if attention == "plain":
+        return "plain"
+    return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "xla")
+
+
+def step_flops(compiled: Any, hlo: HloText) -> float | None:
+    """FLOPs per device per step by XLA's HLO cost analysis, every while body counted once per
+    trip: T(c) = CA(c) - sum CA(body) + sum trips * T(body) over the loops in c. None where this
+    jaxlib offers no cost analysis of a module."""
+    try:
+        import jax
+        from jax._src.lib import _jax
+        from jaxlib._hlo import hlo_module_from_text
+
+        client = jax.devices("cpu")[0].client
+    except (ImportError, RuntimeError):
+        return None
+
+    def analysed(computation: str) -> float:
+        module = hlo_module_from_text(_rooted(hlo.text, computation, hlo.entry))
+        flops = float(_jax.hlo_module_cost_analysis(client, module).get("flops", 0.0))
+        if flops < 0:  # an op without a cost (cuDNN's attention) spoils the whole sum
+            raise ValueError(f"no FLOP count for {computation}")
+        return flops
+
+    def total(computation: str) -> float:
+        flops = analysed(computation)
+        for where, loop, trips in hlo.loops():
+            if where != computation:
+                continue
+            body = dict(loop.called())["body"]
+            flops += (trips or 1) * total(body) - analysed(body)
+        return flops
+
+    try:
+        return total(hlo.entry)
+    except (RuntimeError, ValueError):  # no figure rather than a wrong one
+        return None
+
+
+def _rooted(text: str, computation: str, entry: str) -> str:
+    """The module text with `computation` as its entry (header attributes dropped)."""
+    lines = text.splitlines()
+    for k, line in enumerate(lines):
+        if k == 0 and line.startswith("HloModule"):
+            lines[k] = line.split(",")[0]
+        elif line.startswith(("ENTRY %", "ENTRY ")) and computation != entry:
+            lines[k] = line.removeprefix("ENTRY ")
+        elif computation != entry and line.startswith((f"%{computation} (", f"{computation} (")):
+            lines[k] = "ENTRY " + line
+    return "\n".join(lines)

@@ -1,0 +1,310 @@
+"""Reading an optimised HLO module's text: computations, loop trip counts, and collectives.
+
+The compiler reports a loop body once (shared/facts/libtpu.md, "Loops"); here every
+computation gets its multiplicity, how many times one run of the entry runs it (while bodies
+times their trip count, nested loops multiplied). Collectives are read with their replica groups
+in every form XLA prints (explicit lists, iota, the mesh form), as groups of indices into the
+program's device assignment. Pure Python and numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+_BYTES = {
+    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2,
+    "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
+    "c64": 8, "c128": 16,
+}  # fmt: skip
+_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
+_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\{$")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = ")
+_CALLED = re.compile(
+    r"\b(calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)"
+)
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    name: str
+    shape: str  # the result shape as printed, tuples included
+    opcode: str
+    operands: str
+    attributes: str
+
+    def called(self) -> list[tuple[str, str]]:
+        """(how, computation) for every computation this instruction calls."""
+        found = [(m[1], m[2]) for m in _CALLED.finditer(self.attributes)]
+        for m in _BRANCHES.finditer(self.attributes):
+            found += [("branch", b.strip().lstrip("%")) for b in m[1].split(",") if b.strip()]
+        return found
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of every array in a shape's text (a tuple's elements summed)."""
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape):
+        if dtype in _BYTES:
+            total += _BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def _split_instruction(line: str) -> Instruction | None:
+    match = _INSTRUCTION.match(line)
+    if match is None:
+        return None
+    rest = line[match.end() :]
+    if rest.startswith("("):
+        end = _closing(rest, 0)
+        shape, rest = rest[: end + 1], rest[end + 1 :].lstrip()
+    else:
+        shape, _, rest = rest.partition(" ")
+    opcode, paren, rest = rest.partition("(")
+    if not paren:
+        return None
+    end = _closing("(" + rest, 0)
+    operands, attributes = rest[: end - 1], rest[end:].lstrip(", ")
+    return Instruction(match[1], shape, opcode, operands, attributes)
+
+
+def _closing(text: str, start: int) -> int:
+    """Index of the bracket closing the one at `start` (round or curly, comments skipped)."""
+    depth = 0
+    i = start
+    while i < len(text):
+        c = text[i]
+        if text.startswith("/*", i):
+            i = text.index("*/", i) + 2
+            continue
+        if c in "({[":
+            depth += 1
+        elif c in ")}]":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return len(text) - 1
+
+
+class HloText:
+    """A parsed HLO module text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.computations: dict[str, list[Instruction]] = {}
+        self.entry = ""
+        current: list[Instruction] | None = None
+        for line in text.splitlines():
+            header = _HEADER.match(line)
+            if header:
+                current = self.computations.setdefault(header[2], [])
+                if header[1]:
+                    self.entry = header[2]
+                continue
+            if line.startswith("}"):
+                current = None
+            elif current is not None:
+                instruction = _split_instruction(line)
+                if instruction is not None:
+                    current.append(instruction)
+
+    @cached_property
+    def by_name(self) -> dict[str, Instruction]:
+        return {i.name: i for body in self.computations.values() for i in body}
+
+    def trip_count(self, loop: Instruction) -> int | None:
+        """A while loop's trip count: from `known_trip_count`, else from its condition's
+        `counter < constant` (counter starting at the constant it is initialised with)."""
+        known = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attributes)
+        if known:
+            return int(known[1])
+        condition = dict(loop.called()).get("condition")
+        body = self.computations.get(condition or "", [])
+        constants = {i.name: i for i in body if i.opcode == "constant"}
+        for i in body:
+            if i.opcode == "compare" and "direction=LT" in i.attributes:
+                names = [o.strip().split(" ")[-1].lstrip("%") for o in i.operands.split(",")]
+                if len(names) == 2 and names[1] in constants:
+                    return int(constants[names[1]].operands) - self._start(loop, names[0], body)
+        return None
+
+    def _start(self, loop: Instruction, counter: str, condition: list[Instruction]) -> int:
+        """The counter's initial value, read through the while's initial tuple (0 if unknown)."""
+        element = next((i for i in condition if i.name == counter), None)
+        index = re.search(r"index=(\d+)", element.attributes) if element else None
+        init = self.by_name.get(loop.operands.strip().split(" ")[-1].lstrip("%"))
+        if index is None or init is None or init.opcode != "tuple":
+            return 0
+        operand = init.operands.split(",")[int(index[1])].strip().split(" ")[-1].lstrip("%")
+        value = self.by_name.get(operand)
+        if value is not None and value.opcode == "constant" and value.operands.isdigit():
+            return int(value.operands)
+        return 0
+
+    @cached_property
+    def multiplicity(self) -> dict[str, int]:
+        """How many times one run of the entry runs each reachable computation."""
+        edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for name, body in self.computations.items():
+            for i in body:
+                trips = (self.trip_count(i) or 1) if i.opcode == "while" else 1
+                for how, callee in i.called():
+                    edges[name].append((callee, trips if how in ("body", "condition") else 1))
+        order: list[str] = []
+        seen: set[str] = set()
+
+        def visit(name: str) -> None:  # depth-first, callees before callers
+            seen.add(name)
+            for callee, _ in edges[name]:
+                if callee not in seen:
+                    visit(callee)
+            order.append(name)
+
+        visit(self.entry)
+        counts = defaultdict(int, {self.entry: 1})
+        for name in reversed(order):
+            for callee, times in edges[name]:
+                counts[callee] += counts[name] * times
+        return dict(counts)
+
+    def loops(self) -> list[tuple[str, Instruction, int | None]]:
+        """Every while loop: the computation it sits in, the op, its trip count."""
+        return [
+            (name, i, self.trip_count(i))
+            for name, body in self.computations.items()
+            for i in body
+            if i.opcode == "while"
+        ]
+
+
+@dataclass(frozen=True, eq=False)
+class Collective:
+    """One collective op of the program."""
+
+    kind: str  # one of COLLECTIVES
+    bytes: int  # the full buffer over its group: all-gather's result, reduce-scatter's
+    # input, the result of the others; tuples summed
+    count: int  # times one step runs it (loop trips multiplied)
+    groups: np.ndarray | None  # (groups, members) indices into the device assignment
+    name: str
+
+
+def collectives(hlo: HloText, num_devices: int) -> list[Collective]:
+    """Every collective of the module; async pairs read once (their `-done` gives the result)."""
+    done_shape = {}
+    for body in hlo.computations.values():
+        for i in body:
+            if i.opcode.endswith("-done"):
+                done_shape[i.operands.strip().split(" ")[-1].lstrip("%")] = i.shape
+    found = []
+    for name, body in hlo.computations.items():
+        times = hlo.multiplicity.get(name, 0)
+        if not times:
+            continue
+        for i in body:
+            kind = _kind(hlo, i)
+            if kind is None:
+                continue
+            shape = done_shape.get(i.name, i.shape) if i.opcode.endswith("-start") else i.shape
+            groups = replica_groups(i.attributes, num_devices)
+            size = shape_bytes(shape)
+            if kind == "reduce-scatter" and groups is not None:
+                size *= groups.shape[1]
+            found.append(Collective(kind, size, times, groups, i.name))
+    return found
+
+
+def _kind(hlo: HloText, i: Instruction) -> str | None:
+    op = i.opcode.removesuffix("-start")
+    if op in COLLECTIVES and not i.opcode.endswith("-done"):
+        return op
+    if i.opcode == "async-start":  # a wrapped collective: its computation's root says which
+        callee = dict(i.called()).get("calls")
+        inner = hlo.computations.get(callee or "", [])
+        ops = [j.opcode.removesuffix("-start") for j in inner]
+        return next((o for o in ops if o in COLLECTIVES), None)
+    return None
+
+
+def replica_groups(attributes: str, num_devices: int) -> np.ndarray | None:
+    """The groups of a collective as an int array (groups, members), from whichever form the
+    text uses; collective-permute's source-target pairs as groups of two. None if unreadable."""
+    pairs = re.search(r"source_target_pairs=(\{\{.*?\}\})", attributes)
+    if pairs:
+        return _explicit(pairs[1])
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+    if mesh:
+        return _mesh_form(mesh[1], mesh[2])
+    iota = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attributes)
+    if iota:
+        shape = [int(x) for x in iota[1].split(",")]
+        ids = np.arange(math.prod(int(x) for x in iota[2].split(",")))
+        ids = ids.reshape([int(x) for x in iota[2].split(",")])
+        if iota[3]:
+            ids = ids.transpose([int(x) for x in iota[3].split(",")])
+        return ids.reshape(shape)
+    explicit = re.search(r"replica_groups=(\{.*?\}\})", attributes)
+    if explicit:
+        return _explicit(explicit[1])
+    if re.search(r"replica_groups=\{\}", attributes) or "replica_groups" not in attributes:
+        return np.arange(num_devices).reshape(1, -1)
+    return None
+
+
+def _explicit(text: str) -> np.ndarray | None:
+    try:
+        groups = json.loads(text.replace("{", "[").replace("}", "]"))
+        return np.array(groups, dtype=np.int64)
+    except (ValueError, TypeError):
+        return None  # ragged groups
+
+
+def _mesh_form(axes_text: str, spanned_text: str) -> np.ndarray | None:
+    axes = re.findall(r"'([^']+)'=(\d+)", axes_text)
+    if not axes:
+        return None
+    names = [a for a, _ in axes]
+    spanned = re.findall(r"'([^']+)'", spanned_text)
+    if any(s not in names for s in spanned):
+        return None
+    ids = np.arange(math.prod(int(n) for _, n in axes)).reshape([int(n) for _, n in axes])
+    inner = [names.index(s) for s in spanned]
+    outer = [k for k in range(len(names)) if k not in inner]
+    size = math.prod(int(axes[k][1]) for k in inner)
+    return ids.transpose(outer + inner).reshape(-1, size)
+
+
+def varying_axes(groups: np.ndarray | None, mesh_shape: dict[str, int]) -> tuple[str, ...]:
+    """The mesh axes along which members of a group differ (device-assignment index =
+    row-major mesh position); () when unreadable."""
+    if groups is None or not groups.size or groups.max() >= math.prod(mesh_shape.values()):
+        return ()
+    coords = np.stack(np.unravel_index(groups, tuple(mesh_shape.values())), axis=-1)
+    varies = (coords != coords[:, :1]).any(axis=(0, 1))
+    return tuple(n for n, v in zip(mesh_shape, varies, strict=True) if v)
+
+
+def group_axes(
+    groups: np.ndarray | None, mesh_shape: dict[str, int], *, pairs: bool = False
+) -> tuple[str, ...] | None:
+    """The mesh axes a collective's groups span, when every group is exactly the sub-grid of
+    those axes through its members; None otherwise. With `pairs` (collective-permute's
+    source-target pairs) the axes the pairs differ along."""
+    spanned = varying_axes(groups, mesh_shape)
+    if not spanned or groups is None:
+        return None
+    if pairs:
+        return spanned
+    size = math.prod(mesh_shape[n] for n in spanned)
+    distinct = all(len(set(g.tolist())) == len(g) for g in groups)
+    return spanned if size == groups.shape[1] and distinct else None
