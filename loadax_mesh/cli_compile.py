@@ -41,7 +41,9 @@ def models_command(args: argparse.Namespace, print_json: Callable[[Any], None]) 
         print_json([{**vars(m), "num_params": m.num_params} for m in models])
         return 0
     keys = ["num_layers", "d_model", "d_ff", "num_heads", "num_kv_heads", "head_dim"]
-    rows = [["model", "params", "layers", "d_model", "d_ff", "heads", "kv", "head", "vocab", "seq"]]
+    rows: list[list[Any]] = [
+        ["model", "params", "layers", "d_model", "d_ff", "heads", "kv", "head", "vocab", "seq"]
+    ]
     for m in models:
         rows.append(
             [m.name, _count(m.num_params), *(getattr(m, k) for k in keys), m.vocab_size, m.seq_len]
@@ -104,7 +106,7 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
         total[0] += c.count
         total[1] += c.bytes * c.count
     if grouped:
-        rows = [["collective", "axes", "per step", "bytes per step"]]
+        rows: list[list[Any]] = [["collective", "axes", "per step", "bytes per step"]]
         for (kind, axes), (count, size) in sorted(grouped.items(), key=lambda kv: -kv[1][1]):
             shown = ",".join(axes) if axes else "(part of an axis)"
             rows.append([kind, shown, count, _gb(size)])

@@ -89,7 +89,8 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     mesh = plan.to_jax_mesh()
     step = make_step(mesh, model, train, batch_axes=plan.batch_axis_names)
     platform = mesh.devices.flat[0].platform
-    spec = parse_hardware(plan.hardware) if _in_catalogue(plan.hardware) else None
+    hardware = plan.hardware
+    spec = parse_hardware(hardware) if hardware is not None and _in_catalogue(hardware) else None
     hbm = device_hbm(spec.type) if spec is not None else None
     common = dict(
         hardware=plan.hardware,
@@ -156,12 +157,10 @@ def _axes(c: Collective, mesh_shape: dict[str, int]) -> tuple[str, ...] | None:
     return group_axes(c.groups, mesh_shape, pairs=c.kind == "collective-permute")
 
 
-def _in_catalogue(hardware: str | None) -> bool:
+def _in_catalogue(hardware: str) -> bool:
     from .errors import MeshConfigError
     from .hardware import parse_hardware
 
-    if hardware is None:
-        return False
     try:
         parse_hardware(hardware)
     except MeshConfigError:

@@ -76,8 +76,9 @@ class Step:
         )
 
     @cached_property
-    def fn(self) -> Callable[..., Any]:
-        """The jitted step (params and optimizer state donated)."""
+    def fn(self) -> Any:
+        """The jitted step (params and optimizer state donated); `fn.lower(*abstract_args())`
+        compiles it ahead of time."""
         params, opt, batch = self.abstract_args()
         shardings = jax.tree.map(lambda s: s.sharding, (params, opt, batch))
         replicated = NamedSharding(self.mesh, P())
