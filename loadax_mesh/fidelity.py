@@ -16,12 +16,13 @@ import numpy as np
 
 from .devices import DeviceTable, read_devices
 from .hardware import list_hardware, parse_hardware, simulate_devices
+from .topology import DIFFERENCES
 
 ATTRIBUTES = ("count", "device_kind", "process_index", "slice_index", "coords", "core_on_chip")
 RAW = ("slice_index", "coords")  # GPU: compared as the devices carry them, too ("raw ...")
 PRESETS = ("fsdp", "fsdp_tp", "hsdp")
 
-# (generation or platform, attribute) -> why libtpu's devices differ from the stand-ins.
+# (generation or platform, attribute) -> why the compile-only devices differ from the stand-ins.
 KNOWN = {
     ("v4", "count"): "libtpu lists v4 TensorCores (2 per chip) where jax on a real v4 host "
     "lists one megacore device per chip; libtpu takes no megacore option. Compared on "
@@ -31,11 +32,8 @@ KNOWN = {
     ("tpu", "ids"): "libtpu numbers multislice devices 100000 * (slice + 1) + i; the stand-ins "
     "count on (as JAX's mesh tests do). The planner orders TPU devices by slice, coords and core, "
     "never by id, so plans agree position for position",
-    ("gpu", "raw slice_index"): "XLA's compile-only GPU devices carry slice_index 0 in every "
-    "NVLink domain (its topology description does not pass the partition on), where jax's "
-    "devices on a real cluster, and the stand-ins, carry the domain. Both carry the domain as "
-    "coords[0], and the device reader takes it from there when slice_index has one value, so "
-    "the planner reads the same slice_index from both (the slice_index column) and plans agree",
+    ("gpu", "raw slice_index"): f"{DIFFERENCES['gpu']}; the stand-ins carry the domain as "
+    "jax's real devices do, so the slice_index the planner reads agrees",
 }
 
 

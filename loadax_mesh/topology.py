@@ -28,9 +28,10 @@ DIFFERENCES = {
     "v4": "libtpu's compile-only v4 devices are TensorCores (2 per chip, core_on_chip 0 and 1) "
     "where jax on a real v4 host lists one megacore device per chip; libtpu takes no megacore "
     "option, so meshes here have twice the devices and each holds half a chip's HBM",
-    "gpu": "XLA's compile-only GPU devices carry slice_index 0 in every NVLink domain, where "
-    "jax on the real cluster gives each domain its own; the domain is coords[0] on both, and "
-    "the device reader takes it from there, so plans and granules are the same",
+    "gpu": "XLA's compile-only GPU devices carry slice_index 0 in every NVLink domain (its "
+    "topology description does not pass the partition on), where jax's devices on the real "
+    "cluster carry the domain; both carry it as coords[0], and the device reader takes it from "
+    "there where slice_index has one value, so plans and granules are the same",
 }
 
 

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from loadax_mesh import HybridMeshShape, MeshConfig, MeshConfigError, topology_devices, topology_gpu
 from loadax_mesh.devices import read_devices
-from loadax_mesh.hardware import list_hardware, parse_hardware
+from loadax_mesh.hardware import detect_hardware, list_hardware, parse_hardware
 from tests.helpers import run_python
 
 INSTALL = "pip install 'loadax-mesh[gpu-aot]'"
@@ -42,6 +42,7 @@ def test_nvlink_domains_are_partitions(hardware, topology):
     assert len(devices) == spec.num_devices and devices.hardware == hardware
     assert {d.device_kind for d in devices} == {spec.device_kind}
     assert len({d.process_index for d in devices}) == spec.hosts
+    assert detect_hardware(devices) == hardware  # the first catalogue entry of its kind
 
 
 def test_the_reader_takes_the_nvlink_domain_from_coords():
