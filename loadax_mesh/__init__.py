@@ -29,6 +29,7 @@ _PUBLIC = {
     "submesh": "groups",
     "flatten_axes": "groups",
     "coordinate": "groups",
+    "topology_devices": "topology",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from .presets import list_presets
     from .rules import match_regex_rules
     from .shapes import HybridMeshShape, MeshShape, infer_mesh_shape
+    from .topology import topology_devices
 
 
 def __getattr__(name: str) -> Any:

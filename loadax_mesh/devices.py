@@ -2,8 +2,9 @@
 
 A device is anything with `id`, `platform`, `device_kind`, `process_index` and, optionally,
 `slice_index`, `coords` and `core_on_chip` (chip positions are used only on TPU: a GPU's
-`coords` holds its local device id, which is no torus position). Each device's attributes are
-read once, by one ufunc call; everything after that is numpy array work.
+`coords` are (NVLink domain, host in the domain, local GPU), or (local GPU,) on older jax, no
+torus position). Each device's attributes are read once, by one ufunc call; everything after
+that is numpy array work.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class DeviceTable:
     devices: np.ndarray  # object array of the devices as given
     ids: np.ndarray
     process_index: np.ndarray
-    slice_index: np.ndarray | None  # None when any device lacks it
+    slice_index: np.ndarray | None  # None when any device lacks it; GPU: see _gpu_domains
     platform: str
     device_kind: str
     coords: np.ndarray | None  # (n, d) chip positions on TPU, else None
@@ -74,6 +75,8 @@ def read_devices(devices: Sequence[Any]) -> DeviceTable:
     platform, kind = _one_kind(columns["platform"].tolist(), columns["device_kind"].tolist())
     ids = _distinct_ids(_ints(columns["id"], "id"))
     slices = _optional_ints(columns.get("slice_index"), "slice_index")
+    if platform == "gpu" and "coords" in columns and slices is not None:
+        slices = _gpu_domains(slices, columns["coords"])
     chips = cores = None
     if platform == "tpu" and "coords" in columns:
         chips = _coords(columns["coords"], _slice_length(slices) if slices is not None else 0)
@@ -167,6 +170,21 @@ def _distinct_ids(ids: np.ndarray) -> np.ndarray:
     if repeated:
         raise MeshConfigError("devices hold a device id more than once; accepted: distinct devices")
     return ids
+
+
+def _gpu_domains(slices: np.ndarray, coords: np.ndarray) -> np.ndarray:
+    """Per GPU, its NVLink domain (XLA's partition). jax's GPU devices carry coords (partition,
+    host in partition, local GPU) and slice_index = partition; XLA's compile-only devices carry
+    the same coords but slice_index 0 in every partition. So where slice_index has one value
+    and coords have three entries, the domain is coords[0]; otherwise slice_index stands (older
+    jax's coords are (local GPU,))."""
+    if slices.min() != slices.max():
+        return slices
+    try:
+        table = _coords(coords)
+    except MeshConfigError:  # coords of mixed lengths: not jax's, and not read on GPU
+        return slices
+    return table[:, 0].copy() if table is not None and table.shape[1] == 3 else slices
 
 
 def _slice_length(slices: np.ndarray) -> int:

@@ -1,9 +1,10 @@
 """How faithful the simulation is: `simulate_devices` against the compile-only devices.
 
 For one hardware string, every attribute the planner reads is compared device by device in
-listing order, and the planner's answer (mesh as physical positions, ring quality) is compared
-on both sets for a few presets. A difference is either listed in `KNOWN` with its reason or a
-defect of the simulation.
+listing order (as the device reader gives it to the planner and, on GPU, also as the devices
+carry it, since the reader derives the NVLink domain from it), and the planner's answer (mesh as
+physical positions, ring quality) is compared on both sets for a few presets. A difference is
+either listed in `KNOWN` with its reason or a defect of the simulation.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import numpy as np
 
 from .devices import DeviceTable, read_devices
 from .hardware import list_hardware, parse_hardware, simulate_devices
+from .topology import DIFFERENCES
 
 ATTRIBUTES = ("count", "device_kind", "process_index", "slice_index", "coords", "core_on_chip")
+RAW = ("slice_index", "coords")  # GPU: compared as the devices carry them, too ("raw ...")
 PRESETS = ("fsdp", "fsdp_tp", "hsdp")
 
-# (generation or platform, attribute) -> why libtpu's devices differ from the stand-ins.
+# (generation or platform, attribute) -> why the compile-only devices differ from the stand-ins.
 KNOWN = {
     ("v4", "count"): "libtpu lists v4 TensorCores (2 per chip) where jax on a real v4 host "
     "lists one megacore device per chip; libtpu takes no megacore option. Compared on "
@@ -29,12 +32,15 @@ KNOWN = {
     ("tpu", "ids"): "libtpu numbers multislice devices 100000 * (slice + 1) + i; the stand-ins "
     "count on (as JAX's mesh tests do). The planner orders TPU devices by slice, coords and core, "
     "never by id, so plans agree position for position",
+    ("gpu", "raw slice_index"): f"{DIFFERENCES['gpu']}; the stand-ins carry the domain as "
+    "jax's real devices do, so the slice_index the planner reads agrees",
 }
 
 
 def catalogue_strings(platform: str = "tpu") -> list[str]:
-    """Every catalogue example of `platform`, and two multislice strings per entry that has
-    them (a small slice times 4, a large one times 2)."""
+    """Every catalogue example of `platform`, and for TPU two multislice strings per entry that
+    has them (a small slice times 4, a large one times 2), for GPU a partial NVLink domain of
+    two hosts where a domain spans several (a rack of GB200 hosts)."""
     strings: list[str] = []
     for t in list_hardware():
         if t.platform != platform:
@@ -42,6 +48,8 @@ def catalogue_strings(platform: str = "tpu") -> list[str]:
         strings += t.examples
         if platform == "tpu" and t.multislice is not False:
             strings += [f"{t.examples[1]}-4", f"{t.examples[-2]}-2"]
+        if platform == "gpu" and t.nvlink_domain > 2 * t.devices_per_host:
+            strings.append(f"gpu-{t.key}-{2 * t.devices_per_host}")
     return strings
 
 
@@ -84,6 +92,8 @@ def compare(hardware: str, compiled: Any = None) -> Fidelity:
         real = read_devices(_first_cores(compiled, real))
     differences += [a for a in ATTRIBUTES[1:] if not _same(getattr(sim, a), getattr(real, a))]
     differences += ["ids"] * (not np.array_equal(sim.ids, real.ids))
+    if spec.platform == "gpu":
+        differences += [f"raw {a}" for a in RAW if _carried(simulated, a) != _carried(compiled, a)]
     if "count" in differences:
         differences.append("plan")
     else:
@@ -99,6 +109,12 @@ def _same(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return a is b
     return bool(np.array_equal(a, b)) if isinstance(a, np.ndarray) else a == b
+
+
+def _carried(devices: Any, name: str) -> list[Any]:
+    """An attribute as the devices carry it (sequences as lists)."""
+    values = [getattr(d, name, None) for d in devices]
+    return [list(v) if isinstance(v, tuple | list) else v for v in values]
 
 
 def _first_cores(devices: Any, table: DeviceTable) -> list[Any]:

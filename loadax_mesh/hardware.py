@@ -276,7 +276,8 @@ def simulate_devices(hardware: str | HardwareSpec) -> SimulatedDevices:
     TPU: ids row-major over chip coords (x fastest) then core, slice by slice, as in JAX's own
     mesh tests; `coords` are 3-tuples (z = 0 on 2D generations); `slice_index` only when there
     are several slices, as on libtpu's devices. GPU: ids grouped by host,
-    `slice_index` per NVLink domain, `coords = (local id,)`. CPU: no slice_index, no coords.
+    `slice_index` per NVLink domain, `coords = (domain, host in domain, local GPU)` as jax's
+    GPU devices carry them. CPU: no slice_index, no coords.
     """
     spec = hardware if isinstance(hardware, HardwareSpec) else parse_hardware(hardware)
     devices = SimulatedDevices(_simulate(spec))
@@ -292,11 +293,13 @@ def _simulate(spec: HardwareSpec) -> list[SimulatedDevice]:
     procs = (ids // spec.devices_per_host).tolist()
     ids_list = ids.tolist()
     if spec.platform == "gpu":
-        slices = (ids // spec.devices_per_slice).tolist()
-        local = (ids % spec.devices_per_host).tolist()
+        # coords (domain, host in domain, local GPU) as one (n, 3) array, then tuples
+        per_host, per_slice = spec.devices_per_host, spec.devices_per_slice
+        grid = np.column_stack([ids // per_slice, ids % per_slice // per_host, ids % per_host])
+        coords = list(map(tuple, grid.tolist()))
         return [
-            SimulatedDevice(i, "gpu", kind, p, s, (c,), 0)
-            for i, p, s, c in zip(ids_list, procs, slices, local, strict=True)
+            SimulatedDevice(i, "gpu", kind, p, c[0], c, 0)
+            for i, p, c in zip(ids_list, procs, coords, strict=True)
         ]
     return [SimulatedDevice(i, "cpu", kind, p) for i, p in zip(ids_list, procs, strict=True)]
 

@@ -107,10 +107,13 @@ def test_gpu_strings(hardware, gpus, hosts, per_host, domains, kind):
     devices = simulate_devices(hardware)
     col = columns(devices)
     assert col["platform"].tolist() == ["gpu"] * gpus and set(col["device_kind"]) == {kind}
-    # ids grouped by host; coords = (local device id,) as real GPU devices carry them
+    # ids grouped by host; coords = (domain, host in domain, local GPU) as jax's carry them
     assert col["id"].tolist() == list(range(gpus))
     assert (np.diff(col["process_index"]) >= 0).all()
-    assert col["coords"].ravel().tolist() == [i % per_host for i in range(gpus)]
+    domain, host, local = col["coords"].T
+    assert local.tolist() == [i % per_host for i in range(gpus)]
+    assert (domain == col["slice_index"]).all()
+    assert (domain * (hosts // domains) + host == col["process_index"]).all()
     assert len(np.unique(col["slice_index"])) == domains
     for s in np.unique(col["slice_index"]):
         procs = np.unique(col["process_index"][col["slice_index"] == s])
