@@ -13,6 +13,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .catalogue import device_hbm
 from .hlo import Collective, HloText, collectives, group_axes, varying_axes
 
@@ -137,7 +139,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         CollectiveItem(
             c.kind, c.bytes, c.count, _axes(c, dict(mesh.shape)), varying_axes(c.groups, shape)
         )
-        for c in collectives(hlo, mesh.devices.size)
+        for c in collectives(hlo, mesh.devices.size, np.array([d.id for d in mesh.devices.flat]))
     )
     return CompileReport(
         **common,  # type: ignore[arg-type]

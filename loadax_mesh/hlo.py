@@ -111,7 +111,7 @@ class HloText:
                 if header[1]:
                     self.entry = header[2]
                 continue
-            if line.startswith("}"):
+            if line.rstrip() == "}":  # attribute text may also start a line with "}"
                 current = None
             elif current is not None:
                 instruction = _split_instruction(line)
@@ -199,29 +199,84 @@ class Collective:
     name: str
 
 
-def collectives(hlo: HloText, num_devices: int) -> list[Collective]:
-    """Every collective of the module; async pairs read once (their `-done` gives the result)."""
+def collectives(
+    hlo: HloText, num_devices: int, device_ids: np.ndarray | None = None
+) -> list[Collective]:
+    """Every collective of the module, each once: async pairs by their start (the `-done` gives
+    the result), copies of one op in TPU's async collective fusions by their channel id, and
+    TPU multislice transfers over DCN (megascale `send`s) by their send. `device_ids` (the ids
+    in device-assignment order) maps megascale groups, which name device ids, to positions."""
     done_shape = {}
     for body in hlo.computations.values():
         for i in body:
             if i.opcode.endswith("-done"):
-                done_shape[i.operands.strip().split(" ")[-1].lstrip("%")] = i.shape
-    found = []
+                done_shape[_operand_names(i)[0]] = i.shape
+    found: dict[str, Collective] = {}
     for name, body in hlo.computations.items():
         times = hlo.multiplicity.get(name, 0)
         if not times:
             continue
         for i in body:
-            kind = _kind(hlo, i)
+            megascale = _MEGASCALE.search(i.attributes) if i.opcode == "send" else None
+            kind = _MEGASCALE_KINDS.get(megascale[1]) if megascale else _kind(hlo, i)
             if kind is None:
                 continue
-            shape = done_shape.get(i.name, i.shape) if i.opcode.endswith("-start") else i.shape
-            groups = replica_groups(i.attributes, num_devices)
-            size = shape_bytes(shape)
-            if kind == "reduce-scatter" and groups is not None:
-                size *= groups.shape[1]
-            found.append(Collective(kind, size, times, groups, i.name))
-    return found
+            if megascale:
+                groups = _megascale_groups(i.attributes, device_ids)
+                size = shape_bytes(_ARRAY.search(i.shape)[0])  # type: ignore[index]
+                gathered = kind == "all-gather"
+            else:
+                shape = done_shape.get(i.name, i.shape) if i.opcode.endswith("-start") else i.shape
+                groups = replica_groups(i.attributes, num_devices)
+                size = shape_bytes(shape)
+                gathered = kind == "reduce-scatter"
+            if gathered and groups is not None:
+                size *= groups.shape[1]  # the full buffer: the shard times the group
+            channel = re.search(r"channel_id=(\d+)", i.attributes)
+            key = f"channel {channel[1]}" if channel else i.name
+            if key not in found or found[key].count < times:
+                found[key] = Collective(kind, size, times, groups, i.name)
+    return list(found.values())
+
+
+_MEGASCALE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
+_MEGASCALE_KINDS = {
+    "ALL_REDUCE": "all-reduce",
+    "ALL_GATHER": "all-gather",
+    "REDUCE_SCATTER": "reduce-scatter",
+    "ALL_TO_ALL": "all-to-all",
+}
+
+
+def _megascale_groups(attributes: str, device_ids: np.ndarray | None) -> np.ndarray | None:
+    """A megascale transfer's groups as device-assignment positions. The target is either
+    explicit groups of device ids, or `{1,2}x{0:7}`: slices (device id // 100000, as libtpu
+    numbers multislice devices) times local indices, one group per local index."""
+    if device_ids is None:
+        return None
+    target = re.search(r"_xla_megascale_target=(\{\{[^=]*?\}\}|\"[^\"]*\")", attributes)
+    if target is None:
+        return None
+    text = target[1].strip('"')
+    compact = re.fullmatch(r"\{([\d,]+)\}x\{(\d+):(\d+)\}", text)
+    if compact:
+        slices = np.array([int(x) for x in compact[1].split(",")])
+        local = np.arange(int(compact[2]), int(compact[3]) + 1)
+        ids = local[:, None] + 100000 * slices[None, :]
+    else:
+        parsed = _explicit(text)
+        if parsed is None:
+            return None
+        ids = parsed
+    position = {int(d): k for k, d in enumerate(device_ids.tolist())}
+    try:
+        return np.vectorize(position.__getitem__, otypes=[np.int64])(ids)
+    except KeyError:
+        return None
+
+
+def _operand_names(i: Instruction) -> list[str]:
+    return [o.strip().split(" ")[-1].lstrip("%") for o in i.operands.split(",") if o.strip()]
 
 
 def _kind(hlo: HloText, i: Instruction) -> str | None:
