@@ -11,13 +11,16 @@ load the launcher's machinery); `python -m loadax_mesh.distributed ...` runs the
 
 from __future__ import annotations
 
+import atexit
+import builtins
 import contextlib
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import MeshConfigError
 
@@ -147,9 +150,10 @@ def initialize(**kwargs: Any) -> None:
 
     Under the launcher this sets K CPU devices and gloo CPU collectives, so it must run before
     jax touches its devices; `kwargs` other than the coordinator, process count and process id
-    are passed on. An uncaught exception then ends the process at once (code 1) instead of
-    waiting in jax's shutdown barrier, so the launcher sees the failure and stops the others;
-    `sys.exit(n)` still goes through that barrier (jax's own behaviour).
+    are passed on. A process that then fails ends at once instead of waiting in jax's shutdown
+    barrier for processes that may never get there, so the launcher sees the failure and stops
+    the others: an uncaught exception exits with code 1, `sys.exit(n)` (or `exit(n)`) with n.
+    A process that exits with 0 still waits in the barrier for the others (jax's behaviour).
     """
     import jax
 
@@ -186,6 +190,9 @@ def initialize(**kwargs: Any) -> None:
         **kwargs,
     )
     sys.excepthook = _exit_at_once(sys.excepthook)
+    sys.exit = _exit
+    builtins.exit = builtins.quit = _exit  # type: ignore[assignment]
+    atexit.register(_end_a_failed_exit)  # after jax's shutdown hook, so it runs before it
 
 
 def _exit_at_once(previous: Any) -> Any:
@@ -203,6 +210,48 @@ def _exit_at_once(previous: Any) -> Any:
         os._exit(1)
 
     return hook
+
+
+_CODE = SystemExit.__dict__["code"]  # SystemExit's own `code` slot
+_exit_status: list[Any] = []  # the status this process exits with, once the interpreter reads it
+
+
+class _Exit(SystemExit):
+    """The SystemExit of `sys.exit` in a launched child. The interpreter reads `code` once,
+    with no Python caller, when the exception ends the process: that read is recorded, so a
+    status caught and handled by the script is never mistaken for the process's own."""
+
+    @property
+    def code(self) -> Any:
+        value = _CODE.__get__(self)
+        if sys._getframe().f_back is None:
+            _exit_status.append(value)
+        return value
+
+    @code.setter
+    def code(self, value: Any) -> None:
+        _CODE.__set__(self, value)
+
+
+def _exit(status: Any = None) -> NoReturn:
+    """`sys.exit` for a launched child (threads other than the main one get the plain one)."""
+    if threading.current_thread() is threading.main_thread():
+        raise _Exit(status)
+    raise SystemExit(status)
+
+
+def _end_a_failed_exit() -> None:
+    """At exit, before jax's shutdown barrier: a non-zero `sys.exit` status ends the process
+    now, with that status (a non-int status, printed already, is 1, as Python makes it)."""
+    if not _exit_status:
+        return
+    status = _exit_status[-1]
+    code = 0 if status is None else status & 0xFF if isinstance(status, int) else 1
+    if code:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
 
 def _backends_initialized() -> bool:
