@@ -49,6 +49,7 @@ def test_job_loads_each_hosts_rows(case: str, nprocs: int, devices: int, rows: l
     assert done.returncode == 0, done.stdout + done.stderr
     for i, expected in enumerate(rows):
         assert f"[{i}] OK {case}: rows {expected}" in done.stdout.splitlines(), done.stdout
+    assert "[Gloo]" not in done.stdout + done.stderr  # gloo's connection messages: --verbose
 
 
 def test_a_failing_process_stops_the_job() -> None:
