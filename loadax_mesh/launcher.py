@@ -1,7 +1,7 @@
 """The launcher side of multi-process jobs: `loadax-mesh launch` and `launch()`.
 
 `launch` starts N processes of one command, each told (through the `LOADAX_MESH_*` environment
-of `distributed.child_env`) to join a `jax.distributed` job with K CPU devices and gloo
+of `launch_env.child_env`) to join a `jax.distributed` job with K CPU devices and gloo
 collectives: what `torchrun --nproc_per_node` is to PyTorch, for developing multi-host code on
 one machine. It only spawns, relays output and watches; it never imports jax (the children do,
 in `distributed.initialize()`).
@@ -26,8 +26,8 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from .distributed import child_env
 from .errors import MeshConfigError
+from .launch_env import child_env
 
 DEFAULT_TIMEOUT = 600.0
 _STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL (jax catches SIGTERM for preemption)
