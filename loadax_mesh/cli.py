@@ -142,7 +142,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             "plan needs exactly one of HARDWARE (e.g. tpu-v5p-512) and --devices local"
         )
     if args.devices == "local":
-        from .hardware import detect_hardware
+        from .detect import detect_hardware
 
         devices: list[Any] = _jax_devices()
         selector = detect_hardware(devices)
@@ -357,7 +357,7 @@ def _jax_devices() -> list[Any]:
 def _cmd_devices(args: argparse.Namespace) -> int:
     import jax
 
-    from .hardware import detect_hardware
+    from .detect import detect_hardware
     from .render import text_table
 
     devices = _jax_devices()

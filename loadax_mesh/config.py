@@ -129,7 +129,7 @@ class MeshConfig:
         config = self
         if self.mesh_rules:
             if selector is None:
-                from .hardware import detect_hardware
+                from .detect import detect_hardware
 
                 selector = detect_hardware(devices)
             config = self.select(selector)

@@ -36,6 +36,13 @@ class SimulatedDevice:
     core_on_chip: int = 0
 
 
+class SimulatedDevices(list[SimulatedDevice]):
+    """The stand-ins of one hardware string; `hardware` names it, so detection is exact even
+    where device sets alike (H100 nodes of p5 and a3-mega) cannot be told apart."""
+
+    hardware: str
+
+
 @dataclass(frozen=True, eq=False)
 class DeviceTable:
     """The attributes of every device, as arrays indexed like `devices`."""

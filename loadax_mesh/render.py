@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .batch import shard_blocks
+from .catalogue import wraparound
 from .errors import MeshConfigError
 from .picture import render_grid, render_svg, shape_text
 
@@ -49,8 +50,6 @@ def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
         if torus is not None and torus.chip_shape == chip_shape:
             wrap = list(torus.wrap)
         else:  # the granules are not slices: ask the catalogue about the whole slice
-            from .hardware import wraparound
-
             wrap = list(wraparound(table.device_kind, chip_shape))
         topology = (
             "x".join(map(str, chip_shape))
