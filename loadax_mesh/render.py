@@ -11,17 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .batch import shard_blocks
 from .catalogue import wraparound
 from .errors import MeshConfigError
-from .picture import render_grid, render_svg, shape_text
-
-if TYPE_CHECKING:
-    from .plan import MeshPlan
+from .picture import PlanView, render_grid, render_svg, shape_text
 
 __all__ = ["HostRows", "hardware_summary", "host_rows", "render_grid", "render_svg", "render_text"]
 
@@ -29,7 +26,7 @@ __all__ = ["HostRows", "hardware_summary", "host_rows", "render_grid", "render_s
 # -- facts about the device set ------------------------------------------------------------
 
 
-def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
+def hardware_summary(plan: PlanView) -> dict[str, Any]:
     """Chips, hosts, slices and topology of the plan's devices, read from the device table."""
     table = plan.table
     n = len(table)
@@ -124,7 +121,7 @@ class HostRows:
         return {**asdict(self), "ranges": [list(r) for r in self.ranges], "num_rows": self.num_rows}
 
 
-def host_rows(plan: MeshPlan, global_batch: int) -> list[HostRows]:
+def host_rows(plan: PlanView, global_batch: int) -> list[HostRows]:
     """Which rows of a global batch every host loads, from the plan alone (pure numpy).
 
     Dimension 0 of the batch is split over the batch axes in mesh-axis order (as
@@ -169,7 +166,7 @@ def _span(ids: list[int]) -> str:
 
 
 def render_text(
-    plan: MeshPlan,
+    plan: PlanView,
     *,
     global_batch: int | None = None,
     color: bool = False,
@@ -203,7 +200,7 @@ def render_text(
     return "\n".join(lines)
 
 
-def _hardware_text(hw: dict[str, Any], plan: MeshPlan) -> list[str]:
+def _hardware_text(hw: dict[str, Any], plan: PlanView) -> list[str]:
     n, hosts, slices = hw["devices"], hw["hosts"], hw["slices"]
     name = f"hardware   {hw['selector'] or 'unknown'}: {hw['device_kind']}, "
     topology = f"topology   {hw['topology']}"
