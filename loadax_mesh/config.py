@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config_data import ConfigFields, fields_from_data, first_axis_shape
+from .config_data import ConfigFields, fields_from_data, first_axis_shape, rule_name
 from .detect import detect_hardware
 from .devices import GranuleSpec
 from .errors import MeshConfigError
@@ -33,12 +33,17 @@ class MeshConfig(ConfigFields):
 
     def select(self, selector: str) -> MeshConfig:
         """A copy whose mesh_shape is the first rule matching `selector` (else unchanged)."""
-        missing = object()
-        value = match_regex_rules(selector, self.mesh_rules or (), default=missing)
-        if value is missing:
+        index = self._rule_index(selector)
+        if index is None:
             return self
+        value = (self.mesh_rules or ())[index][1]
         shape = first_axis_shape(len(self.mesh_axis_names)) if value is None else value
         return MeshConfig(shape, self.mesh_axis_names, self.batch_axis_names, self.mesh_rules)
+
+    def _rule_index(self, selector: str) -> int | None:
+        """The index of the first rule matching `selector`, None when none does."""
+        rules = self.mesh_rules or ()
+        return match_regex_rules(selector, [(regex, i) for i, (regex, _) in enumerate(rules)])
 
     def plan(
         self,
@@ -55,12 +60,18 @@ class MeshConfig(ConfigFields):
             import jax
 
             devices = jax.devices()
-        config = self
-        if self.mesh_rules:
-            if selector is None:
-                selector = detect_hardware(devices)
-            config = self.select(selector)
-        return plan_config(config, devices, granule=granule, hardware=selector)
+        if not self.mesh_rules:
+            return plan_config(self, devices, granule=granule, hardware=selector)
+        if selector is None:
+            selector = detect_hardware(devices)
+        index = self._rule_index(selector)
+        try:
+            return plan_config(self.select(selector), devices, granule=granule, hardware=selector)
+        except MeshConfigError as err:
+            if index is None:
+                raise
+            rule = rule_name(index, self.mesh_rules[index][0])
+            raise MeshConfigError(f"{rule} matched {selector!r}: {err}") from None
 
     def create_device_mesh(
         self,

@@ -103,10 +103,15 @@ def _check_rules(rules: Any, num_axes: int) -> tuple[tuple[str, ShapeValue], ...
         value = (
             None
             if rule[1] is None
-            else _check_value(rule[1], field=f"mesh_rules[{i}][1]", num_axes=num_axes)
+            else _check_value(rule[1], field=f"{rule_name(i, regex)}: shape", num_axes=num_axes)
         )
         checked.append((regex, value))
     return tuple(checked)
+
+
+def rule_name(index: int, regex: Any) -> str:
+    """How an error names a mesh rule: by the regex the user wrote, and its place."""
+    return f"mesh rule {regex!r} (mesh_rules[{index}])"
 
 
 # -- plain data ---------------------------------------------------------------------------------
@@ -166,7 +171,12 @@ def _rule_from_data(rule: Any, i: int) -> Any:
         no_unknown(rule, ("selector", "mesh_shape"), where=field)
         if "selector" not in rule:
             raise MeshConfigError(f"{field}={rule!r} has no selector (the regex)")
-        return (rule["selector"], _shape_from_data(rule.get("mesh_shape"), field=field))
-    if isinstance(rule, list | tuple) and len(rule) == 2:
-        return (rule[0], _shape_from_data(rule[1], field=field))
-    return rule  # ConfigFields reports it
+        regex, shape = rule["selector"], rule.get("mesh_shape")
+    elif isinstance(rule, list | tuple) and len(rule) == 2:
+        regex, shape = rule
+    else:
+        return rule  # ConfigFields reports it
+    try:
+        return (regex, _shape_from_data(shape, field="shape"))
+    except MeshConfigError as err:
+        raise MeshConfigError(f"{rule_name(i, regex)}: {err}") from None
