@@ -204,15 +204,21 @@ def render_svg(plan: PlanView) -> str:
         by_granule,
     ).ravel()
     coords = np.unravel_index(np.arange(host.size), plan.devices.shape)
-    cw, ch, top, left = 28, 20, 56, 64
-    w, h = left + view.per_line * cw + 8, top + lines * ch + 24
+    cw, ch, top = 28, 20, 56
+    left = max(64, 16 + _text_width(str((lines - 1) * view.per_line), 10))
     title = f"{plan.hardware or 'devices'}: mesh {shape_text(plan)}"
-    caption = f"{view.lines} lines x {view.per_line} devices in mesh order (a line spans "
+    caption = (
+        f"{view.lines} lines x {view.per_line} devices in mesh order (a line spans "
+        f"{view.caption}); cell = host"
+    )
+    more = f"... {view.lines - lines} more lines not drawn" if lines < view.lines else ""
+    text_width = max(_text_width(title, 13), _text_width(caption, 10), _text_width(more, 10))
+    w, h = max(left + view.per_line * cw, 8 + text_width) + 8, top + lines * ch + 24
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-        f'font-family="monospace" font-size="10">',
+        f'viewBox="0 0 {w} {h}" font-family="monospace" font-size="10">',
         f'<text x="8" y="18" font-size="13">{escape(title)}</text>',
-        f'<text x="8" y="36">{escape(f"{caption}{view.caption}); cell = host")}</text>',
+        f'<text x="8" y="36">{escape(caption)}</text>',
     ]
     for pos in range(lines * view.per_line):
         r, c = divmod(pos, view.per_line)
@@ -227,7 +233,13 @@ def render_svg(plan: PlanView) -> str:
             f'stroke-width="0.5"/><text x="{x + cw // 2 - 1}" y="{y + 13}" '
             f'text-anchor="middle">{host[pos]}</text></g>'
         )
-    if lines < view.lines:
-        out.append(f'<text x="8" y="{h - 6}">... {view.lines - lines} more lines not drawn</text>')
+    if more:
+        out.append(f'<text x="8" y="{h - 6}">{escape(more)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _text_width(text: str, font_size: int) -> int:
+    """Pixels `text` takes in a monospace font: a glyph is about 0.6 em wide in the common
+    ones (DejaVu Sans Mono, Menlo, Courier); 0.65 leaves room for wider ones."""
+    return math.ceil(len(text) * 0.65 * font_size)
