@@ -227,8 +227,8 @@ def granule_keys(table: DeviceTable, granule: GranuleSpec) -> tuple[np.ndarray, 
     """Per device, the index (in sorted key order) of its granule, and the kind of granule.
 
     `auto`: TPU takes `slice_index` when it has two or more values, else one granule; GPU takes
-    `slice_index` when it has two or more values (one per NVLink domain), else `process_index`;
-    other platforms take `process_index`.
+    `slice_index` whenever the devices carry it (one value per NVLink domain: a host, or a whole
+    NVL72 rack), else `process_index`; other platforms take `process_index`.
     """
     if callable(granule):
         keys: list[Any] = [granule(d) for d in table.devices]
@@ -248,13 +248,12 @@ def granule_keys(table: DeviceTable, granule: GranuleSpec) -> tuple[np.ndarray, 
         )
     kind = granule
     if granule == "auto":
-        several_slices = table.slice_index is not None and bool(
-            table.slice_index.min() != table.slice_index.max()
-        )
+        slices = table.slice_index
         if table.platform == "tpu":
-            kind = "slice" if several_slices else "none"
+            several = slices is not None and bool(slices.min() != slices.max())
+            kind = "slice" if several else "none"
         elif table.platform == "gpu":
-            kind = "slice" if several_slices else "process"
+            kind = "process" if slices is None else "slice"
         else:
             kind = "process"
     if kind == "none":

@@ -76,11 +76,7 @@ class HardwareSpec:
     @property
     def granules(self) -> int:
         """How many granules `granule="auto"` forms on these devices (DESIGN.md section 3)."""
-        if self.platform == "tpu":
-            return self.slices
-        if self.platform == "gpu" and self.slices > 1:
-            return self.slices
-        return self.hosts
+        return self.slices if self.platform in ("tpu", "gpu") else self.hosts
 
     def fact(self, name: str) -> Fact | None:
         return self.type.fact(name)

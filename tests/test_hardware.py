@@ -126,6 +126,23 @@ def test_nvl72_rack_is_18_hosts_of_4():
     assert racks[0].isdisjoint(racks[1])
 
 
+@pytest.mark.parametrize(
+    ("hardware", "granules"),
+    [
+        ("gpu-a4x-highgpu-4g-72", 1),  # one NVL72 rack: 18 hosts, one slice_index
+        ("gpu-a4x-highgpu-4g-144", 2),
+        ("gpu-p5.48xlarge-32", 4),
+        ("tpu-v5p-512", 1),
+        ("tpu-v5litepod-256-4", 4),
+        ("cpu-2x4", 2),
+    ],
+)
+def test_granules_as_auto_forms_them(hardware, granules):
+    assert parse_hardware(hardware).granules == granules
+    plan = lm.plan_mesh((-1,), simulate_devices(hardware), axis_names=("data",))
+    assert plan.num_granules == granules
+
+
 def test_cpu_strings():
     one = simulate_devices("cpu-8")
     assert [d.process_index for d in one] == [0] * 8 and [d.id for d in one] == list(range(8))
