@@ -357,25 +357,32 @@ def _jax_devices() -> list[Any]:
 def _cmd_devices(args: argparse.Namespace) -> int:
     import jax
 
-    from .detect import detect_hardware
-    from .render import text_table
+    from .detect import generic_selector, match_catalogue
+    from .devices import read_devices
+    from .render import catalogue_lines, platform_facts, text_table
 
     devices = _jax_devices()
     if jax.process_index() != 0:  # under `launch`: every process sees the same global set
         return 0
-    selector = detect_hardware(devices)
+    table = read_devices(devices)
+    name, miss = match_catalogue(table)
+    selector = name or generic_selector(table)
     keys = ["id", "platform", "device_kind", "process_index", "slice_index", "coords"]
-    keys.append("core_on_chip")
+    keys += ["core_on_chip", "local_hardware_id"]
     records = [{k: _plain(getattr(d, k, None)) for k in keys} for d in devices]
     if args.format == "json":
         process = {"process_index": jax.process_index(), "process_count": jax.process_count()}
-        _print_json({"hardware": selector, **process, "devices": records})
+        found = {"hardware": selector, "catalogue_miss": miss or None}
+        _print_json({**found, **process, "devices": records})
         return 0
     rows = [keys] + [[r[k] for k in keys] for r in records[:MAX_DEVICE_LINES]]
-    print(
-        f"hardware {selector}: {len(devices)} devices, process {jax.process_index()} of "
-        f"{jax.process_count()}\n\n{text_table(rows)}"
-    )
+    lines = [
+        f"hardware {selector}: {len(devices)} device{'s' * (len(devices) != 1)}, process "
+        f"{jax.process_index()} of "
+        f"{jax.process_count()}",
+        *catalogue_lines(miss, platform_facts(table.platform)),
+    ]
+    print("\n".join(lines) + f"\n\n{text_table(rows)}")
     if len(records) > MAX_DEVICE_LINES:
         print(f"... {len(records) - MAX_DEVICE_LINES} more (all of them: --format json)")
     return 0

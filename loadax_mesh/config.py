@@ -33,7 +33,7 @@ class MeshConfig(ConfigFields):
 
     def select(self, selector: str) -> MeshConfig:
         """A copy whose mesh_shape is the first rule matching `selector` (else unchanged)."""
-        index = self._rule_index(selector)
+        index = self._rule_index(_check_selector(selector))
         if index is None:
             return self
         value = (self.mesh_rules or ())[index][1]
@@ -54,8 +54,8 @@ class MeshConfig(ConfigFields):
     ) -> MeshPlan:
         """Plan over `devices` (default `jax.devices()`); rules pick the shape by `selector`,
         detected from the devices when not given."""
-        if selector is not None and not isinstance(selector, str):
-            raise MeshConfigError(f"selector={selector!r} is not a string such as 'tpu-v5p-512'")
+        if selector is not None:
+            _check_selector(selector)
         if devices is None:
             import jax
 
@@ -135,3 +135,13 @@ class MeshConfig(ConfigFields):
         except (OSError, tomllib.TOMLDecodeError) as err:
             raise MeshConfigError(f"path={str(path)!r} is no readable TOML file: {err}") from None
         return cls.from_dict(data)
+
+
+def _check_selector(selector: Any) -> str:
+    """`selector` if it is a non-empty string, else a MeshConfigError naming it."""
+    if not isinstance(selector, str) or not selector:
+        raise MeshConfigError(
+            f"selector={selector!r}; accepted: a non-empty hardware string such as 'tpu-v5p-512' "
+            "or 'gpu-nvidia-h100-80gb-hbm3-4' (or None: detected from the devices)"
+        )
+    return selector
