@@ -72,8 +72,9 @@ def initialize(**kwargs: Any) -> None:
     jax touches its devices; `kwargs` other than the coordinator, process count and process id
     are passed on. A process that then fails ends at once instead of waiting in jax's shutdown
     barrier for processes that may never get there, so the launcher sees the failure and stops
-    the others: an uncaught exception exits with code 1, `sys.exit(n)` (or `exit(n)`) with n.
-    A process that exits with 0 still waits in the barrier for the others (jax's behaviour).
+    the others: an uncaught exception exits with code 1, `sys.exit(n)` (or `exit(n)`) with n;
+    only a `raise SystemExit(n)` written out still waits. A process that exits with 0 waits in
+    the barrier for the others (jax's behaviour).
     """
     import jax
 

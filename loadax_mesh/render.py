@@ -66,7 +66,7 @@ def hardware_summary(plan: PlanView) -> dict[str, Any]:
         if table.slice_index is not None:
             topology = (
                 f"{_count(slices, 'NVLink domain')} of {_count(n // slices, 'GPU')} "
-                f"({_count(hosts // slices, 'host')} each), {topology}"
+                f"({_count(hosts // slices, 'host')}{' each' * (slices > 1)}), {topology}"
             )
     else:
         topology = f"{hosts} process{'es' * (hosts > 1)} x {_count(n // hosts, 'device')}"
