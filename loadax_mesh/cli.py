@@ -376,9 +376,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         _print_json({**found, **process, "devices": records})
         return 0
     rows = [keys] + [[r[k] for k in keys] for r in records[:MAX_DEVICE_LINES]]
+    n = len(devices)
     lines = [
-        f"hardware {selector}: {len(devices)} device{'s' * (len(devices) != 1)}, process "
-        f"{jax.process_index()} of "
+        f"hardware {selector}: {n} device{'s' * (n != 1)}, process {jax.process_index()} of "
         f"{jax.process_count()}",
         *catalogue_lines(miss, platform_facts(table.platform)),
     ]
