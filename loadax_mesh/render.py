@@ -84,7 +84,7 @@ def hardware_summary(plan: PlanView) -> dict[str, Any]:
         "wraparound": wrap,
         "granules": plan.num_granules,
         "granule_kind": plan.granule_kind,
-        "facts": {} if spec is None else {n: str(f) for n in facts if (f := spec.fact(n))},
+        "facts": {} if spec is None else {k: str(fact) for k in facts if (fact := spec.fact(k))},
         "catalogue_miss": miss or None,
         "unknown_facts": list(facts) if miss else [],
     }

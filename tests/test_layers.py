@@ -33,19 +33,16 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package[: len(package) - node.level + 1]
-            stem = ".".join([*base, *(node.module or "").split(".")] if node.module else base)
+            stem = ".".join([*base, *node.module.split(".")] if node.module else base)
             for alias in node.names:  # `from . import render` names a module
                 sub = f"{stem}.{alias.name}".lstrip(".")
-                if sub in known:
-                    out.add(sub)
-                elif stem in known:
-                    out.add(stem)
+                out.add(sub if sub in known else stem)
         elif isinstance(node, ast.ImportFrom | ast.Import):
-            for alias in node.names if isinstance(node, ast.Import) else [node]:
-                full = alias.name if isinstance(alias, ast.alias) else (alias.module or "")
-                if full.startswith("loadax_mesh."):
-                    out.add(full.removeprefix("loadax_mesh."))
-    return out - {name}
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else node.names
+            for module in (n if isinstance(n, str) else n.name for n in names):
+                if module.startswith("loadax_mesh."):
+                    out.add(module.removeprefix("loadax_mesh."))
+    return out - {name, ""}
 
 
 def graph() -> dict[str, set[str]]:
