@@ -19,7 +19,7 @@ _PUBLIC = {
     "plan_mesh": "plan",
     "create_device_mesh": "plan",
     "simulate_devices": "hardware",
-    "detect_hardware": "hardware",
+    "detect_hardware": "detect",
     "list_presets": "presets",
     "shard_batch": "batch",
     "host_batch_slice": "batch",
@@ -37,9 +37,10 @@ __all__ = sorted(_PUBLIC)
 if TYPE_CHECKING:
     from .batch import HostBatchSlice, host_batch_slice, shard_batch
     from .config import MeshConfig
+    from .detect import detect_hardware
     from .errors import MeshConfigError
     from .groups import axis_groups, coordinate, flatten_axes, process_groups, submesh
-    from .hardware import detect_hardware, simulate_devices
+    from .hardware import simulate_devices
     from .plan import MeshPlan, create_device_mesh, plan_mesh
     from .presets import list_presets
     from .rules import match_regex_rules

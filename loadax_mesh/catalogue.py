@@ -304,3 +304,13 @@ def device_hbm(t: HardwareType) -> float | None:
         return usable.base
     hbm = t.fact("hbm")
     return None if hbm is None or hbm.base is None else hbm.base / t.devices_per_chip
+
+
+def wraparound(device_kind: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which chip dims of a slice of `chip_shape` close into rings, by the catalogue's rule.
+
+    v4, v5p and 7x: every dim wraps on slices of 4x4x4 and larger, none on smaller ones.
+    v5e and v6e: only dims of length 16 wrap. Unknown kinds (and v2/v3, unconfirmed): none.
+    """
+    t = tpu_type_of_kind(device_kind)
+    return wrap_rule(t.wraparound_rule if t else "none", tuple(chip_shape))

@@ -200,7 +200,7 @@ def _devices(args: argparse.Namespace) -> tuple[list[Any], str]:
             f"{args.command} needs exactly one of HARDWARE (e.g. tpu-v5p-512) and --devices local"
         )
     if args.devices == "local":
-        from .hardware import detect_hardware
+        from .detect import detect_hardware
 
         devices: list[Any] = _jax_devices()
         return devices, detect_hardware(devices)
@@ -399,7 +399,7 @@ def _jax_devices() -> list[Any]:
         initialize()
     import jax
 
-    from .topology import quiet_stderr
+    from ._stderr import quiet_stderr
 
     try:
         with quiet_stderr(replay_on_error=False):  # the error line below says what failed
@@ -411,25 +411,32 @@ def _jax_devices() -> list[Any]:
 def _cmd_devices(args: argparse.Namespace) -> int:
     import jax
 
-    from .hardware import detect_hardware
-    from .render import text_table
+    from .detect import generic_selector, match_catalogue
+    from .devices import read_devices
+    from .render import catalogue_lines, platform_facts, text_table
 
     devices = _jax_devices()
     if jax.process_index() != 0:  # under `launch`: every process sees the same global set
         return 0
-    selector = detect_hardware(devices)
+    table = read_devices(devices)
+    name, miss = match_catalogue(table)
+    selector = name or generic_selector(table)
     keys = ["id", "platform", "device_kind", "process_index", "slice_index", "coords"]
-    keys.append("core_on_chip")
+    keys += ["core_on_chip", "local_hardware_id"]
     records = [{k: _plain(getattr(d, k, None)) for k in keys} for d in devices]
     if args.format == "json":
         process = {"process_index": jax.process_index(), "process_count": jax.process_count()}
-        _print_json({"hardware": selector, **process, "devices": records})
+        found = {"hardware": selector, "catalogue_miss": miss or None}
+        _print_json({**found, **process, "devices": records})
         return 0
     rows = [keys] + [[r[k] for k in keys] for r in records[:MAX_DEVICE_LINES]]
-    print(
-        f"hardware {selector}: {len(devices)} devices, process {jax.process_index()} of "
-        f"{jax.process_count()}\n\n{text_table(rows)}"
-    )
+    n = len(devices)
+    lines = [
+        f"hardware {selector}: {n} device{'s' * (n != 1)}, process {jax.process_index()} of "
+        f"{jax.process_count()}",
+        *catalogue_lines(miss, platform_facts(table.platform)),
+    ]
+    print("\n".join(lines) + f"\n\n{text_table(rows)}")
     if len(records) > MAX_DEVICE_LINES:
         print(f"... {len(records) - MAX_DEVICE_LINES} more (all of them: --format json)")
     return 0

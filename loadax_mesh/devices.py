@@ -37,6 +37,13 @@ class SimulatedDevice:
     core_on_chip: int = 0
 
 
+class SimulatedDevices(list[SimulatedDevice]):
+    """The stand-ins of one hardware string; `hardware` names it, so detection is exact even
+    where device sets alike (H100 nodes of p5 and a3-mega) cannot be told apart."""
+
+    hardware: str
+
+
 @dataclass(frozen=True, eq=False)
 class DeviceTable:
     """The attributes of every device, as arrays indexed like `devices`."""
@@ -238,8 +245,8 @@ def granule_keys(table: DeviceTable, granule: GranuleSpec) -> tuple[np.ndarray, 
     """Per device, the index (in sorted key order) of its granule, and the kind of granule.
 
     `auto`: TPU takes `slice_index` when it has two or more values, else one granule; GPU takes
-    `slice_index` when it has two or more values (one per NVLink domain), else `process_index`;
-    other platforms take `process_index`.
+    `slice_index` whenever the devices carry it (one value per NVLink domain: a host, or a whole
+    NVL72 rack), else `process_index`; other platforms take `process_index`.
     """
     if callable(granule):
         keys: list[Any] = [granule(d) for d in table.devices]
@@ -259,13 +266,12 @@ def granule_keys(table: DeviceTable, granule: GranuleSpec) -> tuple[np.ndarray, 
         )
     kind = granule
     if granule == "auto":
-        several_slices = table.slice_index is not None and bool(
-            table.slice_index.min() != table.slice_index.max()
-        )
+        slices = table.slice_index
         if table.platform == "tpu":
-            kind = "slice" if several_slices else "none"
+            several = slices is not None and bool(slices.min() != slices.max())
+            kind = "slice" if several else "none"
         elif table.platform == "gpu":
-            kind = "slice" if several_slices else "process"
+            kind = "process" if slices is None else "slice"
         else:
             kind = "process"
     if kind == "none":

@@ -141,9 +141,9 @@ def positions(plan: Any) -> np.ndarray:
 
 
 def _same_plan(preset: str, simulated: Any, compiled: Any) -> bool:
-    from .presets import load_preset
+    from .config import MeshConfig
 
-    config = load_preset(preset)
+    config = MeshConfig.from_preset(preset)
     hardware = simulated.hardware
     a = config.plan(simulated, selector=hardware)
     b = config.plan(compiled, selector=hardware)

@@ -1,7 +1,7 @@
 """The launcher side of multi-process jobs: `loadax-mesh launch` and `launch()`.
 
 `launch` starts N processes of one command, each told (through the `LOADAX_MESH_*` environment
-of `distributed.child_env`) to join a `jax.distributed` job with K CPU devices and gloo
+of `launch_env.child_env`) to join a `jax.distributed` job with K CPU devices and gloo
 collectives: what `torchrun --nproc_per_node` is to PyTorch, for developing multi-host code on
 one machine. It only spawns, relays output and watches; it never imports jax (the children do,
 in `distributed.initialize()`).
@@ -26,8 +26,8 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from .distributed import child_env
 from .errors import MeshConfigError
+from .launch_env import child_env
 
 DEFAULT_TIMEOUT = 600.0
 _STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL (jax catches SIGTERM for preemption)
@@ -77,9 +77,17 @@ def _death_signal() -> Any:
     return lambda: prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
-def _pump(stream: IO[bytes], out: IO[str], prefix: str, lock: threading.Lock) -> None:
+# jax's gloo collectives announce every connection they make; shown only with --verbose.
+_NOISE = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. .*\n?")
+
+
+def _pump(
+    stream: IO[bytes], out: IO[str], prefix: str, lock: threading.Lock, verbose: bool
+) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
+        if not verbose and _NOISE.fullmatch(line):
+            continue
         with lock:
             out.write(prefix + (line if line.endswith("\n") else line + "\n"))
             out.flush()
@@ -121,10 +129,11 @@ def launch(
     port: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     host: str = "127.0.0.1",
+    verbose: bool = False,
 ) -> int:
     """Run `command` as `nprocs` local processes of one jax.distributed job; return the exit
     code: 0 when all succeed, else the first failing child's code (the others are stopped),
-    124 on timeout."""
+    124 on timeout. Gloo's connection messages are relayed only when `verbose`."""
     if isinstance(command, str) or not command or not all(isinstance(c, str) for c in command):
         raise MeshConfigError(
             f"command={command!r}; accepted: a non-empty list of strings, e.g. "
@@ -164,8 +173,8 @@ def launch(
             procs[i] = _spawn(command, env, on_fork)
         for i, proc in procs.items():  # threads only after every fork
             pumps[i] = [
-                _start_pump(proc.stdout, sys.stdout, i, lock),
-                _start_pump(proc.stderr, sys.stderr, i, lock),
+                _start_pump(proc.stdout, sys.stdout, i, lock, verbose),
+                _start_pump(proc.stderr, sys.stderr, i, lock, verbose),
             ]
         return _watch(procs, pumps, deadline, timeout, lock)
     except (KeyboardInterrupt, _Stop):
@@ -195,10 +204,11 @@ def _spawn(command: Sequence[str], env: dict[str, str], on_fork: Any) -> subproc
 
 
 def _start_pump(
-    stream: IO[bytes] | None, out: IO[str], index: int, lock: threading.Lock
+    stream: IO[bytes] | None, out: IO[str], index: int, lock: threading.Lock, verbose: bool
 ) -> threading.Thread:
     assert stream is not None
-    thread = threading.Thread(target=_pump, args=(stream, out, f"[{index}] ", lock), daemon=True)
+    args = (stream, out, f"[{index}] ", lock, verbose)
+    thread = threading.Thread(target=_pump, args=args, daemon=True)
     thread.start()
     return thread
 
@@ -296,6 +306,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"stop the job after S seconds (default {DEFAULT_TIMEOUT:g})",
     )
+    add(
+        "--verbose",
+        action="store_true",
+        help="also relay gloo's connection messages ('[Gloo] Rank i is connected ...')",
+    )
     add("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="what each process runs")
     return parser
 
@@ -317,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             devices_per_process=args.devices_per_process,
             port=args.port,
             timeout=args.timeout,
+            verbose=args.verbose,
         )
     except MeshConfigError as err:
         print(f"{_PREFIX}: error: {err}", file=sys.stderr)

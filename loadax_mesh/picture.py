@@ -11,12 +11,41 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from html import escape
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .plan import MeshPlan
+from .devices import DeviceTable
+from .quality import AxisQuality
+from .solver.hybrid import Layout
+
+
+class PlanView(Protocol):
+    """What the pictures and the text report read of a `MeshPlan`. plan.py imports them to
+    describe itself, so they name the plan's attributes here instead of importing MeshPlan."""
+
+    @property
+    def axis_names(self) -> tuple[str, ...]: ...
+    @property
+    def batch_axis_names(self) -> tuple[str, ...]: ...
+    @property
+    def devices(self) -> np.ndarray: ...
+    @property
+    def granule_kind(self) -> str: ...
+    @property
+    def hardware(self) -> str | None: ...
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def table(self) -> DeviceTable: ...
+    @property
+    def shape(self) -> dict[str, int]: ...
+    @property
+    def num_granules(self) -> int: ...
+    @property
+    def data_parallel_size(self) -> int: ...
+    def quality(self) -> dict[str, AxisQuality]: ...
+
 
 MAX_LINE_CHARS = 100  # the text picture stays this narrow
 MAX_LINES = 64  # and this short; larger grids are cut with a note (the SVG has them all)
@@ -86,12 +115,12 @@ def _caption(shape: tuple[int, ...], names: tuple[str, ...], per_line: int) -> s
     return " x ".join(reversed(parts)) or "one device"
 
 
-def shape_text(plan: MeshPlan) -> str:
+def shape_text(plan: PlanView) -> str:
     """The mesh shape as `data=2 x model=4`."""
     return " x ".join(f"{a}={n}" for a, n in plan.shape.items())
 
 
-def _cell_data(plan: MeshPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+def _cell_data(plan: PlanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """Per mesh position (row-major, flat): host, granule, device id; and whether granules
     matter to the picture (several of them, and not one per host)."""
     index = plan.layout.index.ravel()
@@ -127,7 +156,7 @@ def _colour_index(hosts: np.ndarray, granules: np.ndarray, by_granule: bool) -> 
     return (granules % 6) + 6 * shades if by_granule else shades
 
 
-def render_grid(plan: MeshPlan, *, color: bool = False, max_lines: int = MAX_LINES) -> str:
+def render_grid(plan: PlanView, *, color: bool = False, max_lines: int = MAX_LINES) -> str:
     """The device grid as terminal text: each cell shows its host; `|` and `-` mark granule
     boundaries; ANSI colours when `color`."""
     host, granule, _, by_granule = _cell_data(plan)
@@ -164,7 +193,7 @@ def render_grid(plan: MeshPlan, *, color: bool = False, max_lines: int = MAX_LIN
     return "\n".join(out)
 
 
-def render_svg(plan: MeshPlan) -> str:
+def render_svg(plan: PlanView) -> str:
     """The same picture as a standalone SVG document; each cell's tooltip names the device."""
     host, granule, ids, by_granule = _cell_data(plan)
     view = fold(plan.devices.shape, plan.axis_names, max_per_line=64)
@@ -175,15 +204,21 @@ def render_svg(plan: MeshPlan) -> str:
         by_granule,
     ).ravel()
     coords = np.unravel_index(np.arange(host.size), plan.devices.shape)
-    cw, ch, top, left = 28, 20, 56, 64
-    w, h = left + view.per_line * cw + 8, top + lines * ch + 24
+    cw, ch, top = 28, 20, 56
+    left = max(64, 16 + _text_width(str((lines - 1) * view.per_line), 10))
     title = f"{plan.hardware or 'devices'}: mesh {shape_text(plan)}"
-    caption = f"{view.lines} lines x {view.per_line} devices in mesh order (a line spans "
+    caption = (
+        f"{view.lines} lines x {view.per_line} devices in mesh order (a line spans "
+        f"{view.caption}); cell = host"
+    )
+    more = f"... {view.lines - lines} more lines not drawn" if lines < view.lines else ""
+    text_width = max(_text_width(title, 13), _text_width(caption, 10), _text_width(more, 10))
+    w, h = max(left + view.per_line * cw, 8 + text_width) + 8, top + lines * ch + 24
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-        f'font-family="monospace" font-size="10">',
+        f'viewBox="0 0 {w} {h}" font-family="monospace" font-size="10">',
         f'<text x="8" y="18" font-size="13">{escape(title)}</text>',
-        f'<text x="8" y="36">{escape(f"{caption}{view.caption}); cell = host")}</text>',
+        f'<text x="8" y="36">{escape(caption)}</text>',
     ]
     for pos in range(lines * view.per_line):
         r, c = divmod(pos, view.per_line)
@@ -198,7 +233,13 @@ def render_svg(plan: MeshPlan) -> str:
             f'stroke-width="0.5"/><text x="{x + cw // 2 - 1}" y="{y + 13}" '
             f'text-anchor="middle">{host[pos]}</text></g>'
         )
-    if lines < view.lines:
-        out.append(f'<text x="8" y="{h - 6}">... {view.lines - lines} more lines not drawn</text>')
+    if more:
+        out.append(f'<text x="8" y="{h - 6}">{escape(more)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _text_width(text: str, font_size: int) -> int:
+    """Pixels `text` takes in a monospace font: a glyph is about 0.6 em wide in the common
+    ones (DejaVu Sans Mono, Menlo, Courier); 0.65 leaves room for wider ones."""
+    return math.ceil(len(text) * 0.65 * font_size)

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from .config_data import ConfigFields
 from .devices import DeviceTable, GranuleSpec, SimulatedDevice, granule_keys, read_devices
 from .errors import MeshConfigError
 from .quality import AxisQuality, axis_quality
+from .render import render_text
 from .shapes import HybridMeshShape, MeshShape, check_shape, resolve_hybrid, split_mesh_shape
 from .solver.hybrid import Layout, granule_sizes, layout_devices
 
@@ -45,7 +47,7 @@ class MeshPlan:
         detection cannot name them). Detected only when asked: planning does not pay for it."""
         if self.selector is not None:
             return self.selector
-        from .hardware import detect_hardware
+        from .detect import detect_hardware
 
         try:
             return detect_hardware(list(self.table.devices))
@@ -109,8 +111,6 @@ class MeshPlan:
 
     def describe(self) -> str:
         """The plan as text: what `loadax-mesh plan` prints."""
-        from .render import render_text
-
         return render_text(self)
 
 
@@ -128,11 +128,9 @@ def plan_mesh(
     hardware: str | None = None,
 ) -> MeshPlan:
     """Plan a mesh of `mesh_shape` over `devices` (default `jax.devices()`)."""
-    from .config import MeshConfig
-
     shape, names, batch = cast(Any, (mesh_shape, axis_names, batch_axis_names))
-    config = MeshConfig(shape, names, batch)  # validates and converts lists to tuples
-    return _plan(config, devices, granule=granule, hardware=hardware)
+    config = ConfigFields(shape, names, batch)  # validates and converts lists to tuples
+    return plan_config(config, devices, granule=granule, hardware=hardware)
 
 
 def create_device_mesh(
@@ -153,9 +151,14 @@ def create_device_mesh(
     ).devices
 
 
-def _plan(
-    config: Any, devices: Sequence[Any] | None, *, granule: GranuleSpec, hardware: str | None
+def plan_config(
+    config: ConfigFields,
+    devices: Sequence[Any] | None,
+    *,
+    granule: GranuleSpec,
+    hardware: str | None,
 ) -> MeshPlan:
+    """Plan `config`'s own shape (its rules already applied) over `devices`."""
     if devices is None:
         import jax
 
@@ -164,6 +167,7 @@ def _plan(
     granule_ids, kind = granule_keys(table, granule)
     num_granules, per_granule = granule_sizes(granule_ids)
     shape = config.mesh_shape
+    assert shape is not None  # ConfigFields fills it in
     if isinstance(shape, HybridMeshShape):
         hybrid = resolve_hybrid(shape, num_granules=num_granules, granule_size=per_granule)
     else:

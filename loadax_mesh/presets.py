@@ -1,8 +1,9 @@
-"""Strategy presets: configs/presets/<name>.toml as MeshConfigs, with axis-size overrides.
+"""Strategy presets: configs/presets/<name>.toml as MeshConfig fields, with axis-size overrides.
 
 A preset file holds `description`, `fill_order`, `[overrides]` (keyword -> `{axis, part}`) and
-`[config]`, which `MeshConfig.from_dict` reads (mesh_rules as `[[config.mesh_rules]]` tables).
-Every axis name is accepted as a keyword too.
+`[config]`, MeshConfig's fields in the form `MeshConfig.from_dict` reads (mesh_rules as
+`[[config.mesh_rules]]` tables). Every axis name is accepted as a keyword too. This module works
+on the checked fields (`ConfigFields`); `MeshConfig.from_preset` makes them a MeshConfig.
 
 An override `keyword=N` fixes that axis's size to N in the default shape and in every rule:
 1. Per axis, the shape's total (ICI x DCN; -1 where open) is taken and the axis set to N. If that
@@ -22,7 +23,7 @@ from functools import cache
 from typing import Any
 
 from ._configs import config_path
-from .config import MeshConfig
+from .config_data import ConfigFields, fields_from_data
 from .errors import MeshConfigError
 from .shapes import HybridMeshShape, MeshShape, check_size
 
@@ -36,7 +37,7 @@ class Preset:
 
     name: str
     description: str
-    config: MeshConfig
+    config: ConfigFields
     overrides: tuple[tuple[str, str, str], ...]  # (keyword, axis, part), axis names included
     fill_order: tuple[str, ...]
 
@@ -67,7 +68,7 @@ def _read_preset(name: str) -> Preset:
     unknown = sorted(set(data) - set(_KEYS))
     if unknown or "config" not in data:
         raise MeshConfigError(f"{where}: unknown keys {unknown} or no [config]; accepted {_KEYS}")
-    config = MeshConfig.from_dict(data["config"])
+    config = ConfigFields(**fields_from_data(data["config"]))
     axes = config.mesh_axis_names
     overrides: list[tuple[str, str, str]] = []
     for keyword, spec in data.get("overrides", {}).items():
@@ -88,8 +89,8 @@ def _read_preset(name: str) -> Preset:
     return Preset(name, data.get("description", ""), config, tuple(overrides), fill)
 
 
-def load_preset(name: str, **overrides: Any) -> MeshConfig:
-    """The preset's MeshConfig with `overrides` (e.g. `tp=8`) applied to its shape and rules."""
+def load_preset(name: str, **overrides: Any) -> ConfigFields:
+    """The preset's fields with `overrides` (e.g. `tp=8`) applied to its shape and rules."""
     preset = get_preset(name)
     if not overrides:
         return preset.config
@@ -121,7 +122,7 @@ def load_preset(name: str, **overrides: Any) -> MeshConfig:
         return override_shape(shape, sizes, parts, fill)
 
     rules = config.mesh_rules
-    return MeshConfig(
+    return ConfigFields(
         mesh_shape=apply(config.mesh_shape),
         mesh_axis_names=axes,
         batch_axis_names=config.batch_axis_names,

@@ -11,16 +11,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .batch import shard_blocks
+from .catalogue import wraparound
+from .detect import match_catalogue
 from .errors import MeshConfigError
-from .picture import render_grid, render_svg, shape_text
-
-if TYPE_CHECKING:
-    from .plan import MeshPlan
+from .hardware import HardwareSpec, parse_hardware
+from .picture import PlanView, render_grid, render_svg, shape_text
 
 __all__ = ["HostRows", "hardware_summary", "host_rows", "render_grid", "render_svg", "render_text"]
 
@@ -28,11 +28,17 @@ __all__ = ["HostRows", "hardware_summary", "host_rows", "render_grid", "render_s
 # -- facts about the device set ------------------------------------------------------------
 
 
-def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
-    """Chips, hosts, slices and topology of the plan's devices, read from the device table."""
+def hardware_summary(plan: PlanView) -> dict[str, Any]:
+    """Chips, hosts, slices and topology of the plan's devices, read from the device table;
+    the catalogue's facts, or why no catalogue entry names the devices and which facts are
+    therefore unknown."""
     table = plan.table
     n = len(table)
     spec = _spec(plan.hardware)
+    facts, miss = platform_facts(table.platform), None
+    if spec is None:  # a selector of the user's, a generic one, or none: ask the devices
+        name, miss = match_catalogue(table)
+        spec = _spec(name)
     hosts = len(np.unique(table.process_index))
     slices = 1 if table.slice_index is None else len(np.unique(table.slice_index))
     chips = n
@@ -49,8 +55,6 @@ def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
         if torus is not None and torus.chip_shape == chip_shape:
             wrap = list(torus.wrap)
         else:  # the granules are not slices: ask the catalogue about the whole slice
-            from .hardware import wraparound
-
             wrap = list(wraparound(table.device_kind, chip_shape))
         topology = (
             "x".join(map(str, chip_shape))
@@ -58,12 +62,11 @@ def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
             + (f" per slice, {slices} slices" if slices > 1 else "")
         )
     elif table.platform == "gpu":
-        topology = f"{n // hosts} GPUs per host"
+        topology = f"{_count(n // hosts, 'GPU')} per host"
         if table.slice_index is not None:
-            per = hosts // slices
             topology = (
-                f"{slices} NVLink domain{'s' * (slices > 1)} of {n // slices} GPUs "
-                f"({per} host{'s' * (per > 1)} each), {topology}"
+                f"{_count(slices, 'NVLink domain')} of {_count(n // slices, 'GPU')} "
+                f"({_count(hosts // slices, 'host')}{' each' * (slices > 1)}), {topology}"
             )
     else:
         topology = f"{hosts} process{'es' * (hosts > 1)} x {_count(n // hosts, 'device')}"
@@ -81,24 +84,40 @@ def hardware_summary(plan: MeshPlan) -> dict[str, Any]:
         "wraparound": wrap,
         "granules": plan.num_granules,
         "granule_kind": plan.granule_kind,
-        "facts": {}
-        if spec is None
-        else {name: str(fact) for name in _FACTS if (fact := spec.fact(name)) is not None},
+        "facts": {} if spec is None else {k: str(fact) for k in facts if (fact := spec.fact(k))},
+        "catalogue_miss": miss or None,
+        "unknown_facts": list(facts) if miss else [],
     }
 
 
-_FACTS: tuple[str, ...] = ("hbm", "peak_bf16", "ici_bandwidth", "dcn_bandwidth")
-_FACTS += ("nvlink_bandwidth", "network_per_gpu")
+def platform_facts(platform: str) -> tuple[str, ...]:
+    """The facts the catalogue gives per chip, GPU or device of `platform`."""
+    if platform == "tpu":
+        return ("hbm", "peak_bf16", "ici_bandwidth", "dcn_bandwidth")
+    return ("hbm", "peak_bf16", "nvlink_bandwidth", "network_per_gpu") if platform == "gpu" else ()
 
 
-def _spec(hardware: str | None) -> Any:
+def _spec(hardware: str | None) -> HardwareSpec | None:
     """The catalogue's HardwareSpec for a hardware string, or None when it names none."""
-    from .hardware import parse_hardware
-
     try:
         return None if hardware is None else parse_hardware(hardware)
     except MeshConfigError:
         return None
+
+
+def catalogue_lines(miss: str | None, unknown: Sequence[str]) -> list[str]:
+    """The report's lines when no catalogue entry names the devices: why, and what that
+    leaves unknown."""
+    if not miss:
+        return []
+    lines = [f"catalogue  no entry matches: {miss}"]
+    if unknown:
+        lines.append(f"           so these facts are unknown: {_fact_names(unknown)}")
+    return lines
+
+
+def _fact_names(names: Sequence[str]) -> str:
+    return ", ".join(n.replace("_", " ").replace("bandwidth", "bw") for n in names)
 
 
 # -- rows of the global batch per host -----------------------------------------------------
@@ -125,7 +144,7 @@ class HostRows:
         return {**asdict(self), "ranges": [list(r) for r in self.ranges], "num_rows": self.num_rows}
 
 
-def host_rows(plan: MeshPlan, global_batch: int) -> list[HostRows]:
+def host_rows(plan: PlanView, global_batch: int) -> list[HostRows]:
     """Which rows of a global batch every host loads, from the plan alone (pure numpy).
 
     Dimension 0 of the batch is split over the batch axes in mesh-axis order (as
@@ -170,7 +189,7 @@ def _span(ids: list[int]) -> str:
 
 
 def render_text(
-    plan: MeshPlan,
+    plan: PlanView,
     *,
     global_batch: int | None = None,
     color: bool = False,
@@ -204,7 +223,7 @@ def render_text(
     return "\n".join(lines)
 
 
-def _hardware_text(hw: dict[str, Any], plan: MeshPlan) -> list[str]:
+def _hardware_text(hw: dict[str, Any], plan: PlanView) -> list[str]:
     n, hosts, slices = hw["devices"], hw["hosts"], hw["slices"]
     name = f"hardware   {hw['selector'] or 'unknown'}: {hw['device_kind']}, "
     topology = f"topology   {hw['topology']}"
@@ -217,16 +236,16 @@ def _hardware_text(hw: dict[str, Any], plan: MeshPlan) -> list[str]:
         wrapped = ",".join("xyz"[i] for i, w in enumerate(hw["wraparound"] or ()) if w)
         topology += f", wraparound {wrapped or 'none'}"
     elif hw["platform"] == "gpu":
-        name += f"{n} GPUs, {hosts} hosts"
+        name += f"{_count(n, 'GPU')}, {_count(hosts, 'host')}"
     else:
         name += f"{_count(n, 'device')}, {hosts} process{'es' * (hosts > 1)}"
     lines = [name, f"{topology}; granule = {plan.granule_kind} ({plan.num_granules})"]
     facts = hw["facts"]
     if facts:
         unit = {"tpu": "chip", "gpu": "GPU"}.get(hw["platform"], "device")
-        shown = [f"{k.replace('_', ' ').replace('bandwidth', 'bw')} {v}" for k, v in facts.items()]
+        shown = [f"{_fact_names([k])} {v}" for k, v in facts.items()]
         lines.append(f"catalogue  per {unit}: {', '.join(shown)}")
-    return lines
+    return lines + catalogue_lines(hw["catalogue_miss"], hw["unknown_facts"])
 
 
 def _count(n: int, noun: str) -> str:

@@ -110,7 +110,7 @@ def cuda_devices(spec: HardwareSpec) -> list[Any]:
         )
     from jax.experimental import topologies
 
-    from .topology import quiet_stderr
+    from ._stderr import quiet_stderr
 
     def describe() -> list[Any]:
         desc = topologies.get_topology_desc(

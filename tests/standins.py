@@ -74,3 +74,43 @@ def cpu_processes(num_processes: int, per_process: int) -> list[SimulatedDevice]
         for p in range(num_processes)
         for i in range(per_process)
     ]
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+class JaxGpu:
+    """A GPU as jax 0.11.2 with its CUDA plugin reports one (a real NVIDIA H100 80GB HBM3, seen
+    in issue 12): `coords` [0, 0, 0], a `local_hardware_id`, and no `core_on_chip` at all."""
+
+    def __init__(
+        self, id: int, *, process_index: int, slice_index: int, local: int, kind: str = H100
+    ) -> None:
+        self.id = id
+        self.platform = "gpu"
+        self.device_kind = kind
+        self.process_index = process_index
+        self.slice_index = slice_index
+        self.coords = [0, 0, 0]
+        self.local_hardware_id = local
+
+    def __repr__(self) -> str:
+        return f"JaxGpu(id={self.id})"
+
+
+def jax_gpus(
+    processes: int, per_process: int, *, kind: str = H100, slice_per_process: bool = False
+) -> list[JaxGpu]:
+    """`processes` processes of `per_process` GPUs: on one machine (every slice_index 0, as jax
+    numbers one host by default), or one machine each (`slice_per_process`)."""
+    return [
+        JaxGpu(
+            p * per_process + g,
+            process_index=p,
+            slice_index=p if slice_per_process else 0,
+            local=g,
+            kind=kind,
+        )
+        for p in range(processes)
+        for g in range(per_process)
+    ]

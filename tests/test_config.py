@@ -136,7 +136,45 @@ BAD = [
     (lambda: MeshConfig((2, 4), NAMES, ()), "batch_axis_names"),
     (lambda: MeshConfig((2, 4), NAMES, mesh_rules=(("tpu-(", (2, 4)),)), "not a valid regex"),
     (lambda: MeshConfig((2, 4), NAMES, mesh_rules=((3, (2, 4)),)), r"mesh_rules\[0\]\[0\]=3"),
-    (lambda: MeshConfig((2, 4), NAMES, mesh_rules=(("a", (2, 4, 1)),)), r"mesh_rules\[0\]\[1\]"),
+    (
+        lambda: MeshConfig((2, 4), NAMES, mesh_rules=(("cpu-8", (2, 4)), ("tpu-.*", (2, 2, 2)))),
+        r"^mesh rule 'tpu-\.\*' \(mesh_rules\[1\]\): shape=\(2, 2, 2\) has 3 axes; accepted: 2",
+    ),
+    (
+        lambda: MeshConfig((2, 4), NAMES, mesh_rules=(("gpu-.*", (16.5, 4)),)),
+        r"^mesh rule 'gpu-\.\*' \(mesh_rules\[0\]\): shape=\(16\.5, 4\) holds 16\.5 \(float\)",
+    ),
+    (
+        lambda: MeshConfig(
+            (2, 4), NAMES, mesh_rules=(("gpu-.*", HybridMeshShape((1, 1, 8), (1, -1, 1))),)
+        ),
+        r"^mesh rule 'gpu-\.\*' \(mesh_rules\[0\]\): shape=HybridMeshShape\(.*has 3 axes",
+    ),
+    (
+        lambda: MeshConfig.from_dict(
+            {
+                "mesh_axis_names": ["data"],
+                "mesh_rules": [{"selector": "tpu-v4-.*", "mesh_shape": {"ici_mesh_shape": [8]}}],
+            }
+        ),
+        r"^mesh rule 'tpu-v4-\.\*' \(mesh_rules\[0\]\): shape=.* needs ici_mesh_shape and dcn",
+    ),
+    (
+        lambda: MeshConfig.from_dict(
+            {
+                "mesh_axis_names": ["data"],
+                "mesh_rules": [["gpu-.*", {"ici_mesh_shape": [8], "dcn_mesh_shape": [1, 1]}]],
+            }
+        ),
+        r"^mesh rule 'gpu-\.\*' \(mesh_rules\[0\]\): ici_mesh_shape=\(8,\) has 1 axes but dcn",
+    ),
+    (
+        lambda: MeshConfig((-1, 1), NAMES, mesh_rules=(("gpu-.*", (-1, 16)),)).plan(
+            gpu_nodes(1), selector="gpu-p5.48xlarge-8"
+        ),
+        r"^mesh rule 'gpu-\.\*' \(mesh_rules\[0\]\) matched 'gpu-p5\.48xlarge-8': mesh_shape="
+        r"\(-1, 16\): the other axes take 16 devices, which does not divide 8",
+    ),
     (lambda: MeshConfig((2, 4), NAMES, mesh_rules=(("a",),)), r"mesh_rules\[0\]="),
     (lambda: MeshConfig((2, 4), NAMES, mesh_rules="a"), "mesh_rules='a'"),
     (lambda: HybridMeshShape((1, 8), (2,)), "same length"),

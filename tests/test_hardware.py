@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 
 import jax
@@ -12,7 +13,8 @@ from jax.experimental import mesh_utils
 import loadax_mesh as lm
 from loadax_mesh import MeshConfigError
 from loadax_mesh._configs import config_path
-from loadax_mesh.devices import SimulatedDevice
+from loadax_mesh.detect import match_catalogue
+from loadax_mesh.devices import SimulatedDevice, read_devices
 from loadax_mesh.hardware import (
     detect_hardware,
     list_hardware,
@@ -127,6 +129,23 @@ def test_nvl72_rack_is_18_hosts_of_4():
         racks.setdefault(d.slice_index, set()).add(d.process_index)
     assert sorted(len(h) for h in racks.values()) == [18, 18]
     assert racks[0].isdisjoint(racks[1])
+
+
+@pytest.mark.parametrize(
+    ("hardware", "granules"),
+    [
+        ("gpu-a4x-highgpu-4g-72", 1),  # one NVL72 rack: 18 hosts, one slice_index
+        ("gpu-a4x-highgpu-4g-144", 2),
+        ("gpu-p5.48xlarge-32", 4),
+        ("tpu-v5p-512", 1),
+        ("tpu-v5litepod-256-4", 4),
+        ("cpu-2x4", 2),
+    ],
+)
+def test_granules_as_auto_forms_them(hardware, granules):
+    assert parse_hardware(hardware).granules == granules
+    plan = lm.plan_mesh((-1,), simulate_devices(hardware), axis_names=("data",))
+    assert plan.num_granules == granules
 
 
 def test_cpu_strings():
@@ -326,18 +345,33 @@ def test_detect_counts_chips_not_devices_for_tensorcore_generations():
     assert detect_hardware(split) == "tpu-v5p-16"
 
 
-def test_detect_errors():
-    with pytest.raises(MeshConfigError, match="TPU v9"):
-        detect_hardware(tpu_slices((2, 2, 1), kind="TPU v9"))
-    with pytest.raises(MeshConfigError, match=r"not in the catalogue.*NVIDIA H100 80GB HBM3"):
-        detect_hardware(gpu_nodes(1, kind="NVIDIA RTX 9090"))
-    with pytest.raises(MeshConfigError, match="whole hosts"):
-        detect_hardware(gpu_nodes(1, 4))
-    uneven = [SimulatedDevice(i, "cpu", "cpu", 0 if i < 3 else 1) for i in range(4)]
-    with pytest.raises(MeshConfigError, match="different device counts"):
-        detect_hardware(uneven)
-    with pytest.raises(MeshConfigError, match="platform 'metal'"):
-        detect_hardware([SimulatedDevice(0, "metal", "Apple M3", 0)])
+@pytest.mark.parametrize(
+    ("devices", "selector", "why"),
+    [
+        (tpu_slices((2, 2, 1), kind="TPU v9"), "tpu-tpu-v9-4", "TPU device_kind 'TPU v9' is not"),
+        (gpu_nodes(1, kind="NVIDIA RTX 9090"), "gpu-nvidia-rtx-9090-8", "'NVIDIA RTX 9090' is not"),
+        (gpu_nodes(1, 4), "gpu-nvidia-h100-80gb-hbm3-4", r"4 GPUs \(1 process, 1 slice_index"),
+        (gpu_nodes(4, 4), "gpu-nvidia-h100-80gb-hbm3-16", r"not whole hosts of 8 GPUs \(p5"),
+        (gpu_nodes(1, 8, kind="NVIDIA GB200"), "gpu-nvidia-gb200-8", "in NVLink domains of 72"),
+        (
+            [SimulatedDevice(i, "cpu", "cpu", 0 if i < 3 else 1) for i in range(4)],
+            "cpu-cpu-4",
+            r"different device counts \[1, 3\]",
+        ),
+        ([SimulatedDevice(0, "METAL", "Apple M3 Max", 0)], "METAL-apple-m3-max-1", "'METAL'"),
+    ],
+)
+def test_devices_the_catalogue_lacks_get_a_generic_selector(devices, selector, why):
+    assert detect_hardware(devices) == selector
+    name, miss = match_catalogue(read_devices(devices))
+    assert name is None and re.search(why, miss)
+
+
+def test_catalogue_hosts_are_still_named():
+    table = read_devices(gpu_nodes(2))
+    assert match_catalogue(table) == ("gpu-p5.48xlarge-16", "")
+    one_host = gpu_nodes(2, 4, nodes_per_domain=2)  # two processes of 4 GPUs, one slice_index
+    assert detect_hardware(one_host) == "gpu-p5.48xlarge-8"
 
 
 # -- parse errors ---------------------------------------------------------------------------

@@ -151,6 +151,23 @@ def test_nvl72_racks_are_granules_with_hosts_contiguous():
     assert set(hosts[0].tolist()).isdisjoint(hosts[1].tolist())
 
 
+@pytest.mark.parametrize(
+    "devices",
+    [
+        gpu_nodes(18, 4, kind="NVIDIA GB200", nodes_per_domain=18),  # one NVL72 rack
+        gpu_nodes(8, 1, nodes_per_domain=8),  # one host, a process per GPU
+    ],
+    ids=["nvl72-rack", "process-per-gpu"],
+)
+def test_one_nvlink_domain_is_one_granule(devices):
+    # every slice_index is 0: one granule, whatever the process count
+    p = plan((-1, 2), devices)
+    assert (p.granule_kind, p.num_granules, p.dcn_mesh_shape) == ("slice", 1, (1, 1))
+    hosts = np.vectorize(lambda d: d.process_index)(p.devices)
+    assert (np.diff(hosts.ravel()) >= 0).all()  # still ordered by (process, id)
+    assert plan((-1, 2), devices, granule="process").num_granules == len(np.unique(hosts))
+
+
 def test_gpu_coords_are_not_read_as_a_torus():
     p = plan((8, 8), gpu_nodes(8))
     assert p.layout.torus is None and p.table.coords is None

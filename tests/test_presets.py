@@ -151,6 +151,17 @@ def test_model_parallel_axes_stay_inside_a_host(name, axis, hardware, size):
     assert processes_along(plan, axis) == 1
 
 
+@pytest.mark.parametrize("t", [t for t in list_hardware() if t.platform == "gpu"], ids=str)
+def test_model_parallel_axes_fill_a_host_of_every_catalogue_gpu(t):
+    # the presets name the catalogue's instance types; a new entry needs its rule
+    hardware = f"gpu-{t.key}-{2 * t.nvlink_domain}"
+    axes = {"fsdp_tp": "model", "pipeline_fsdp_tp": "model", "dp_sp": "sequence_parallel"}
+    for name, axis in axes.items():
+        plan = MeshConfig.from_preset(name).plan(simulate_devices(hardware))
+        assert plan.shape[axis] == t.devices_per_host, (name, hardware)
+        assert processes_along(plan, axis) == 1
+
+
 def test_large_sets_plan():
     for hardware, name, shape in [
         ("tpu-v5p-12288-2", "fsdp", {"data": 2, "fsdp": 6144}),
@@ -224,7 +235,7 @@ def test_an_override_fixes_the_axis_everywhere(name):
 )
 def test_overrides_plan(name, overrides, hardware, shape):
     config = MeshConfig.from_preset(name, **overrides)
-    assert config == load_preset(name, **overrides)
+    assert config.to_dict() == load_preset(name, **overrides).to_dict()
     plan = config.plan(simulate_devices(hardware), selector=hardware)
     assert plan.shape == shape
     assert all(q.dcn_ok for q in plan.quality().values())

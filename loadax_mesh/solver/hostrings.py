@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .torus import Factor, Ring, _cycle_hops, _orders, ring_digits
+from .rings import Factor, Ring, cycle_hops, factor_orders, ring_digits
 
 _MAX_CELLS = 16  # a host's cells on one axis line; paths are enumerated exhaustively
 
@@ -75,11 +75,11 @@ def _coarse_cycles(factors: tuple[Factor, ...]) -> Iterator[tuple[tuple[int, ...
     """Cycles through the coarse grid (factor positions in order, method), cheapest first."""
     moving = [i for i, f in enumerate(factors) if f.size > 1]
     found: list[tuple[int, tuple[int, ...], str]] = []
-    for perm in _orders(tuple(factors[i] for i in moving)):
+    for perm in factor_orders(tuple(factors[i] for i in moving)):
         order = tuple(moving[[factors[i] for i in moving].index(f)] for f in perm)
         costs = [(f.size, f.hops(1), f.hops(f.size - 1)) for f in perm]
         methods = ("snake", "lane_outer", "lane_inner") if len(perm) > 1 else ("snake",)
-        found.extend((_cycle_hops(costs, m), order, m) for m in methods)
+        found.extend((cycle_hops(costs, m), order, m) for m in methods)
     found.sort(key=lambda t: t[0])
     for _, order, method in found:
         yield order, method

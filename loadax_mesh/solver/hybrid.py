@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..catalogue import wraparound
 from ..devices import DeviceTable
 from ..errors import MeshConfigError
 from ..shapes import HybridMeshShape
@@ -88,8 +89,6 @@ def _torus_members(
     table: DeviceTable, granule: np.ndarray, num_granules: int, ici: tuple[int, ...]
 ) -> tuple[Torus | None, np.ndarray | None]:
     """Each granule's devices in torus-ring order, or (None, None) if the chips form no box."""
-    from ..hardware import wraparound
-
     assert table.coords is not None and table.core_on_chip is not None
     n = len(granule)
     dims = np.ascontiguousarray(table.coords.T)  # (d, n): reductions run along memory

@@ -9,27 +9,27 @@ the score matrix written out in float32. q is [batch, seq, heads, head_dim], k a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-if TYPE_CHECKING:
-    from .step import Step
+from .layout import Roles
 
 _BLOCK = 512  # splash block size (MaxText's default), or the whole sequence when shorter
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, step: Step) -> jax.Array:
-    platform = step.mesh.devices.flat[0].platform
-    if step.train.attention == "flash" and platform == "tpu":
-        return _splash(q, k, v, step)
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, kind: str, mesh: Mesh, roles: Roles
+) -> jax.Array:
+    """Attention of `kind` ("flash" or "plain") with the step's mesh and sharding roles."""
+    platform = mesh.devices.flat[0].platform
+    if kind == "flash" and platform == "tpu":
+        return _splash(q, k, v, mesh, roles)
     # Keys and values whole along the sequence: an all-gather over the sequence axis.
-    kv = step.spec(("batch", None, "kv_heads", None))
+    kv = NamedSharding(mesh, P(*roles.mesh_axes(("batch", None, "kv_heads", None))))
     k, v = (jax.lax.with_sharding_constraint(a, kv) for a in (k, v))
-    if step.train.attention == "plain":
+    if kind == "plain":
         return _plain(q, k, v)
     if platform == "gpu":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
@@ -47,7 +47,7 @@ def _plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return jnp.einsum("bkgqs,bskd->bqkgd", weights, v).reshape(b, s, h, d)
 
 
-def _splash(q: jax.Array, k: jax.Array, v: jax.Array, step: Step) -> jax.Array:
+def _splash(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, r: Roles) -> jax.Array:
     from jax.experimental.pallas.ops.tpu.splash_attention import (
         splash_attention_kernel as kernels,
     )
@@ -55,7 +55,6 @@ def _splash(q: jax.Array, k: jax.Array, v: jax.Array, step: Step) -> jax.Array:
         splash_attention_mask as masks,
     )
 
-    r = step.roles
     _, s, h, d = q.shape
     q_block = min(_BLOCK, s // r.size("seq"))
     kv_block = min(_BLOCK, s)
@@ -73,7 +72,7 @@ def _splash(q: jax.Array, k: jax.Array, v: jax.Array, step: Step) -> jax.Array:
     kernel = kernels.make_splash_mha(
         mask, block_sizes=sizes, head_shards=r.size("model"), q_seq_shards=r.size("seq")
     )
-    kernel_spec = kernel.manual_sharding_spec(NamedSharding(step.mesh, P(r.model, r.seq)))
+    kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(r.model, r.seq)))
     batch = r.mesh_axes(("batch",))[0]
     q_spec = P(batch, r.model, r.seq, None)
     kv_spec = P(batch, r.model, None, None)
@@ -83,7 +82,7 @@ def _splash(q: jax.Array, k: jax.Array, v: jax.Array, step: Step) -> jax.Array:
 
     sharded = jax.shard_map(
         local,
-        mesh=step.mesh,
+        mesh=mesh,
         in_specs=(kernel_spec, q_spec, kv_spec, kv_spec),
         out_specs=q_spec,
         check_vma=False,

@@ -153,7 +153,7 @@ class Step:
         q, k, v = (jnp.einsum("bsd,dhk->bshk", h, p[w].astype(cdt)) for w in ("wq", "wk", "wv"))
         sin, cos = _rotary(self.model.seq_len, self.model.head_dim)
         q, k = _rotate(q, sin, cos), _rotate(k, sin, cos)
-        o = attention(q, k, v, step=self)
+        o = attention(q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles)
         x = x + jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt))
         x = jax.lax.with_sharding_constraint(x, act)
         h = _rms_norm(x, p["mlp_norm"])

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from loadax_mesh import plan_mesh
+from loadax_mesh import MeshConfig, plan_mesh, simulate_devices
 from loadax_mesh.picture import fold, render_grid, render_svg
 from tests.cli.plans import PLANS, v4_two_slices
 from tests.standins import tpu_slices
@@ -103,3 +103,22 @@ def test_svg_parses_and_draws_every_device(name):
     assert labels == [d.process_index for d in plan.devices.flat]
     tips = [t.text for t in root.findall(".//s:g/s:title", ns)]
     assert tips[0].startswith(f"device {plan.devices.flat[0].id}, ")
+
+
+@pytest.mark.parametrize(
+    ("hardware", "strategy"),
+    [("gpu-a4x-highgpu-4g-144", "fsdp_tp"), ("cpu-8", "dp"), ("tpu-v5p-8192", "fsdp")],
+)
+def test_svg_is_as_wide_as_its_text(hardware, strategy):
+    # Each line of text must fit: x + characters x 0.6 em (a monospace glyph's width).
+    plan = MeshConfig.from_preset(strategy).plan(simulate_devices(hardware))
+    root = ET.fromstring(render_svg(plan))
+    width = int(root.get("width"))
+    texts = root.findall(".//{http://www.w3.org/2000/svg}text")
+    assert texts[0].text.startswith(f"{hardware}: mesh ")  # the title, whole
+    for text in texts:
+        size = int(text.get("font-size", root.get("font-size")))
+        span = len(text.text) * 0.6 * size
+        start = float(text.get("x")) - (span / 2 if text.get("text-anchor") == "middle" else 0)
+        assert start >= 0 and start + span <= width, text.text
+    assert root.get("viewBox") == f"0 0 {width} {root.get('height')}"  # it scales as a whole

@@ -7,7 +7,9 @@ jitted global sum (a cross-process all-reduce over gloo) against the sum of the 
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 from loadax_mesh import distributed
 
@@ -100,5 +102,25 @@ def fail() -> None:
     print("UNREACHABLE", flush=True)
 
 
+def end(how: str) -> None:
+    """Process 1 ends by `how` at once; process 0 sleeps (a short while when process 1 exits
+    with 0, which must not stop it)."""
+    if jax.process_index() == 1:
+        if how == "sys.exit":
+            sys.exit(3)
+        if how == "os._exit":
+            os._exit(5)
+        if how == "exit 0":
+            sys.exit(0)
+        raise RuntimeError("process 1 fails on purpose")
+    time.sleep(2 if how == "exit 0" else 300)
+    print("survived", flush=True)
+
+
 if __name__ == "__main__":
-    fail() if sys.argv[1] == "fail" else run(sys.argv[1])
+    if sys.argv[1] == "fail":
+        fail()
+    elif sys.argv[1] == "end":
+        end(sys.argv[2])
+    else:
+        run(sys.argv[1])

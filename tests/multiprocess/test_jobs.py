@@ -49,6 +49,7 @@ def test_job_loads_each_hosts_rows(case: str, nprocs: int, devices: int, rows: l
     assert done.returncode == 0, done.stdout + done.stderr
     for i, expected in enumerate(rows):
         assert f"[{i}] OK {case}: rows {expected}" in done.stdout.splitlines(), done.stdout
+    assert "[Gloo]" not in done.stdout + done.stderr  # gloo's connection messages: --verbose
 
 
 def test_a_failing_process_stops_the_job() -> None:
@@ -57,3 +58,19 @@ def test_a_failing_process_stops_the_job() -> None:
     assert "process 1 failed (exit code 1); stopped processes [0]" in done.stderr, done.stderr
     assert "[1] RuntimeError: process 1 fails on purpose" in done.stderr
     assert "UNREACHABLE" not in done.stdout
+
+
+@pytest.mark.parametrize(("how", "code"), [("sys.exit", 3), ("raise", 1), ("os._exit", 5)])
+def test_a_process_that_exits_non_zero_ends_the_job(how: str, code: int) -> None:
+    # The other process sleeps: without the launcher stopping it the job would run until the
+    # launcher's timeout (exit code 124), as a sys.exit(3) waiting in jax's shutdown barrier did.
+    done = launch(2, 2, "end", how)
+    assert done.returncode == code, done.stdout + done.stderr
+    assert f"process 1 failed (exit code {code}); stopped processes [0]" in done.stderr
+    assert "survived" not in done.stdout
+
+
+def test_a_process_that_exits_zero_leaves_the_others_running() -> None:
+    done = launch(2, 2, "end", "exit 0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[0] survived" in done.stdout.splitlines()

@@ -59,6 +59,18 @@ def test_children_get_their_settings_and_prefixed_output() -> None:
     assert sorted(done.stderr.splitlines()) == [f"[{i}] to stderr" for i in range(3)]
 
 
+GLOO = "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_gloo_connection_messages_only_with_verbose(verbose: bool) -> None:
+    child = f"print({GLOO!r}); print('[Gloo] other news'); print('work')"
+    done = run("--nprocs", "1", "--devices-per-process", "1", *["--verbose"] * verbose, child=child)
+    assert done.returncode == 0, done.stderr
+    shown = [f"[0] {GLOO}"] if verbose else []
+    assert done.stdout.splitlines() == [*shown, "[0] [Gloo] other news", "[0] work"]
+
+
 def test_a_failing_child_stops_the_others() -> None:
     child = """
 import os, sys, time
