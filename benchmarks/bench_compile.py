@@ -17,10 +17,10 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from loadax_mesh import MeshConfig  # noqa: E402
-from loadax_mesh.compile import compile_step  # noqa: E402
-from loadax_mesh.topology import topology_devices  # noqa: E402
-from loadax_mesh.workload import ModelSpec, TrainSpec  # noqa: E402
+from loadax_mesh import MeshConfig
+from loadax_mesh.compile import compile_step
+from loadax_mesh.topology import topology_devices
+from loadax_mesh.workload import ModelSpec, TrainSpec
 
 MAXTEXT_8B_FSDP64 = 11_459_106_976
 

@@ -30,13 +30,24 @@ _PUBLIC = {
     "flatten_axes": "groups",
     "coordinate": "groups",
     "topology_devices": "topology",
+    "ModelSpec": "workload.spec",
+    "TrainSpec": "workload.spec",
+    "compile_step": "compile",
+    "CompileReport": "compile",
+    "estimate": "cost.estimate",
+    "Estimate": "cost.estimate",
+    "choose_mesh": "config",
+    "Choice": "cost.choose",
 }
 
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
     from .batch import HostBatchSlice, host_batch_slice, shard_batch
-    from .config import MeshConfig
+    from .compile import CompileReport, compile_step
+    from .config import MeshConfig, choose_mesh
+    from .cost.choose import Choice
+    from .cost.estimate import Estimate, estimate
     from .detect import detect_hardware
     from .errors import MeshConfigError
     from .groups import axis_groups, coordinate, flatten_axes, process_groups, submesh
@@ -46,6 +57,7 @@ if TYPE_CHECKING:
     from .rules import match_regex_rules
     from .shapes import HybridMeshShape, MeshShape, infer_mesh_shape
     from .topology import topology_devices
+    from .workload.spec import ModelSpec, TrainSpec
 
 
 def __getattr__(name: str) -> Any:

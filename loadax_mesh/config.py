@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,9 @@ from .rules import match_regex_rules
 
 if TYPE_CHECKING:
     import jax
+
+    from .cost.choose import Ranking
+    from .workload.spec import ModelSpec, TrainSpec
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,14 @@ class MeshConfig(ConfigFields):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> MeshConfig:
-        """A strategy preset (`dp`, `fsdp`, `hsdp`, ...) with optional axis-size overrides."""
+        """A strategy preset (`dp`, `fsdp`, `hsdp`, ...) with optional axis-size overrides.
+
+        `"auto"` computes the mesh instead: `from_preset("auto", hardware=..., model=...,
+        global_batch=...)` (and optionally `remat`, `attention`, `axes`) is the winner of
+        `choose_mesh`.
+        """
+        if name == "auto":
+            return _auto(**overrides)
         fields = load_preset(name, **overrides)
         return cls(
             fields.mesh_shape, fields.mesh_axis_names, fields.batch_axis_names, fields.mesh_rules
@@ -135,6 +145,49 @@ class MeshConfig(ConfigFields):
         except (OSError, tomllib.TOMLDecodeError) as err:
             raise MeshConfigError(f"path={str(path)!r} is no readable TOML file: {err}") from None
         return cls.from_dict(data)
+
+
+def choose_mesh(
+    hardware: str,
+    model: ModelSpec,
+    train: TrainSpec,
+    *,
+    axes: Sequence[str] = ("data", "fsdp", "seq", "model"),
+    top: int = 5,
+) -> Ranking:
+    """The `top` meshes of `axes` for `model` on `hardware` that fit, fastest first by the cost
+    model (`loadax_mesh.cost`); each Choice carries its MeshConfig, MeshPlan and Estimate."""
+    from .cost.choose import rank_meshes
+
+    ranking = rank_meshes(hardware, model, train, axes=axes, top=top)
+    for k, c in enumerate(ranking):
+        config = MeshConfig(
+            c.config.mesh_shape, c.config.mesh_axis_names, c.config.batch_axis_names
+        )
+        ranking[k] = replace(c, config=config)
+    return ranking
+
+
+def _auto(
+    *,
+    hardware: str | None = None,
+    model: str | ModelSpec | None = None,
+    global_batch: int | None = None,
+    **train: Any,
+) -> MeshConfig:
+    from .cost.choose import AXES
+    from .workload.spec import ModelSpec, TrainSpec
+
+    axes = train.pop("axes", AXES)
+    if hardware is None or model is None or global_batch is None:
+        raise MeshConfigError(
+            f"preset 'auto' needs hardware=, model= and global_batch= (given hardware={hardware!r},"
+            f" model={model!r}, global_batch={global_batch!r}); accepted: e.g. "
+            "from_preset('auto', hardware='tpu-v5p-512', model='llama3-8b', global_batch=256)"
+        )
+    spec = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+    best = choose_mesh(hardware, spec, TrainSpec(global_batch=global_batch, **train), axes=axes)
+    return best[0].config  # type: ignore[return-value]
 
 
 def _check_selector(selector: Any) -> str:

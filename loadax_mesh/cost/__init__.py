@@ -1,0 +1,7 @@
+"""The cost model (DESIGN.md section 8): memory, compute and collectives of the reference step
+on a plan, and the mesh that makes it fastest. Pure Python: no jax."""
+
+from .choose import Choice, Ranking, rank_meshes
+from .estimate import Estimate, estimate
+
+__all__ = ["Choice", "Estimate", "Ranking", "estimate", "rank_meshes"]

@@ -1,0 +1,200 @@
+"""`rank_meshes` (behind `choose_mesh`): every shape and ICI/DCN split of the axes over the
+hardware, estimated, the ones that fit ranked by step time.
+
+Candidates are the ordered factorisations of the device count over the axes that the model
+divides (heads, kv heads, d_ff and vocabulary by the tensor axis; d_model by FSDP; the sequence
+by the sequence axis; the global batch by the batch axes), times every way of spreading the
+granules (slices, NVLink domains) over them. Pruned, and counted: tensor or sequence axes across
+granules (their collectives are exposed, DCN makes them strictly slower than the same shape with
+that factor on a batch axis). Memory does not depend on device order, so candidates that do not
+fit are dropped before planning; the rest are estimated with perfect rings first, which bounds
+their real time from below, and only those whose bound can still reach the top are planned by
+the real planner and estimated on its rings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import product
+from typing import Any
+
+from ..config_data import ConfigFields
+from ..errors import MeshConfigError
+from ..hardware import parse_hardware, simulate_devices
+from ..plan import MeshPlan, plan_config
+from ..shapes import HybridMeshShape
+from ..workload.layout import ROLE_NAMES, Roles, check_fit, roles
+from ..workload.spec import ModelSpec, TrainSpec
+from .estimate import Estimate, estimate_parts
+from .facts import device_facts
+from .memory import memory_terms, phases
+
+AXES = ("data", "fsdp", "seq", "model")
+_BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"])
+
+
+@dataclass(frozen=True, eq=False)
+class Choice:
+    """One ranked mesh: its config (a HybridMeshShape over the axes; `choose_mesh` gives a
+    MeshConfig), plan and estimate."""
+
+    config: ConfigFields
+    plan: MeshPlan
+    estimate: Estimate
+
+    @property
+    def ici(self) -> tuple[int, ...]:
+        return self.plan.ici_mesh_shape
+
+    @property
+    def dcn(self) -> tuple[int, ...]:
+        return self.plan.dcn_mesh_shape
+
+
+class Ranking(list[Choice]):
+    """The best choices, best first, and how the search went: `considered` shapes times splits,
+    `pruned` (reason -> count), `planned` by the real planner and estimated on its rings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.considered = 0
+        self.pruned: dict[str, int] = {}
+        self.planned = 0
+
+
+def rank_meshes(
+    hardware: str,
+    model: ModelSpec,
+    train: TrainSpec,
+    *,
+    axes: Sequence[str] = AXES,
+    top: int = 5,
+) -> Ranking:
+    """The `top` fitting meshes of `axes` for `model` on `hardware`, fastest first."""
+    names = _check_axes(axes, top)
+    spec = parse_hardware(hardware)
+    facts = device_facts(spec)
+    devices = simulate_devices(spec)
+    batch = tuple(a for a in names if a in _BATCH)
+    n, granules = spec.num_devices, spec.granules
+    ranking = Ranking()
+    fitting: list[tuple[float, Roles, tuple[int, ...], tuple[int, ...]]] = []
+    smallest: int | None = None
+    batch_ok = False
+    for sizes in _factorisations(n, len(names)):
+        r = roles(tuple(zip(names, sizes, strict=True)), batch)
+        try:
+            check_fit(model, train, r)
+        except MeshConfigError as err:
+            batch_ok |= "global_batch" not in str(err)
+            splits = _splits(sizes, granules)
+            ranking.considered += splits
+            _count(ranking.pruned, "the model or batch does not divide", splits)
+            continue
+        batch_ok = True
+        peak = sum(_at_peak(model, train, r, facts.tile).values())
+        for dcn in _dcn_splits(sizes, granules):
+            ranking.considered += 1
+            if any(d > 1 and a in (r.model, r.seq) for a, d in zip(names, dcn, strict=True)):
+                _count(ranking.pruned, "tensor or sequence axis across granules", 1)
+                continue
+            if peak > facts.hbm_bytes:
+                smallest = peak if smallest is None else min(smallest, peak)
+                _count(ranking.pruned, "does not fit in HBM", 1)
+                continue
+            ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
+            factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
+            bound = estimate_parts(model, train, r, factors, {}, facts).step_seconds
+            fitting.append((bound, r, ici, dcn))
+    if not batch_ok:
+        raise MeshConfigError(
+            f"global_batch={train.global_batch} is smaller than, or no multiple of, the "
+            f"data-parallel degree of every mesh of {list(names)} over {n} devices; accepted: a "
+            "multiple of some batch-axes product"
+        )
+    if not fitting:
+        needed = "" if smallest is None else f" the smallest needs {smallest / 1e9:.2f} GB"
+        raise MeshConfigError(
+            f"model {model.name!r} with global batch {train.global_batch} fits no mesh of "
+            f"{list(names)} on {hardware}:{needed} per device, the hardware has "
+            f"{facts.hbm_bytes / 1e9:.2f} GB"
+        )
+    fitting.sort(key=lambda c: c[0])
+    best: list[Choice] = []
+    for bound, r, ici, dcn in fitting:
+        if len(best) >= top and bound >= best[top - 1].estimate.step_seconds:
+            break  # perfect rings would not beat the top: neither will real ones
+        config = ConfigFields(HybridMeshShape(ici, dcn), names, batch)
+        plan = plan_config(config, devices, granule="auto", hardware=hardware)
+        efficiency = {a: q.efficiency for a, q in plan.quality().items()}
+        factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
+        found = estimate_parts(model, train, r, factors, efficiency, facts)
+        ranking.planned += 1
+        best.append(Choice(config, plan, found))
+        best.sort(key=_rank_key)
+    ranking.extend(best[:top])
+    return ranking
+
+
+def _rank_key(c: Choice) -> tuple[float, float, int]:
+    """Fastest first; among equals, the one that communicates least, then the smallest."""
+    e = c.estimate
+    return (e.step_seconds, sum(a.seconds for a in e.axes.values()), e.memory_bytes)
+
+
+def _check_axes(axes: Sequence[str], top: int) -> tuple[str, ...]:
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise MeshConfigError(f"top={top!r}; accepted: an int >= 1")
+    known = {"data", "replicate", *(n for names in ROLE_NAMES.values() for n in names)}
+    if isinstance(axes, str) or not axes or any(a not in known for a in axes):
+        raise MeshConfigError(
+            f"axes={axes!r}; accepted: distinct names from {sorted(known)}, e.g. {AXES}"
+        )
+    names = tuple(axes)
+    if len(set(names)) != len(names):
+        raise MeshConfigError(f"axes={axes!r} repeats a name; accepted: distinct names")
+    if not any(a in _BATCH for a in names):
+        raise MeshConfigError(
+            f"axes={axes!r} has no batch axis; accepted: axes including 'data' or an FSDP axis "
+            f"({', '.join(ROLE_NAMES['fsdp'])})"
+        )
+    return names
+
+
+def _at_peak(model: ModelSpec, train: TrainSpec, r: Roles, tile: Any) -> dict[str, int]:
+    terms = memory_terms(model, train, r, tile)
+    live = phases(terms)[1]
+    return {k: v for k, v in terms.items() if k in live}
+
+
+def _factorisations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every ordered way of writing n as a product of `parts` positive ints."""
+    if parts == 1:
+        yield (n,)
+        return
+    for first in _divisors(n):
+        for rest in _factorisations(n // first, parts - 1):
+            yield (first, *rest)
+
+
+def _dcn_splits(sizes: tuple[int, ...], granules: int) -> Iterator[tuple[int, ...]]:
+    """Every (dcn_0, ...) with dcn_i dividing size_i and product `granules`."""
+    choices = [[d for d in _divisors(s) if granules % d == 0] for s in sizes]
+    for dcn in product(*choices):
+        if math.prod(dcn) == granules:
+            yield dcn
+
+
+def _splits(sizes: tuple[int, ...], granules: int) -> int:
+    return sum(1 for _ in _dcn_splits(sizes, granules))
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _count(counts: dict[str, int], reason: str, k: int) -> None:
+    counts[reason] = counts.get(reason, 0) + k

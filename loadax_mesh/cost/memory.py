@@ -1,0 +1,178 @@
+"""Memory per device of the reference step, term by term, and its peak.
+
+The step holds its arguments for the whole step (parameters and Adam's moments, donated so
+the updated ones reuse them; the batch) and, on top, what the phase it is in needs. Three phases
+can set the peak: the head of the backward pass (saved layer inputs, logits and their gradient,
+the gathered unembedding table and its gradient), the layer loop (saved inputs, every gradient
+shard, one layer's weights gathered twice over for prefetch, its recomputed activations and its
+weight gradients before they are reduced) and the tail (every gradient shard, the gathered
+embedding table and its gradient). The largest is the peak. On TPU every array is stored in
+whole memory tiles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..workload.layout import Roles, param_shapes
+from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The per-device sizes the memory and traffic models share."""
+
+    tokens: int  # tokens one device computes (its batch rows times its sequence slice)
+    rows: int  # sequences one device holds
+    seq: int  # sequence slice length
+    heads: int  # query heads on one device
+    kv_heads: int
+    mlp: int  # d_ff on one device
+    vocab: int  # vocabulary on one device
+
+    @classmethod
+    def of(cls, model: ModelSpec, train: TrainSpec, roles: Roles) -> Shapes:
+        rows = train.global_batch // roles.size("batch")
+        seq = model.seq_len // roles.size("seq")
+        m = roles.size("model")
+        return cls(
+            tokens=rows * seq,
+            rows=rows,
+            seq=seq,
+            heads=model.num_heads // m,
+            kv_heads=model.num_kv_heads // m,
+            mlp=model.d_ff // m,
+            vocab=model.vocab_size // m,
+        )
+
+
+def stored(shape: tuple[int, ...], nbytes: int, tile: tuple[int, int] | None) -> int:
+    """Bytes an array takes in memory. On TPU the compiler puts the dim that wastes least in the
+    128 lanes and the largest other dim in the rows (8 for 4-byte types, 16 for 2-byte); a dim
+    shorter than a row tile takes a smaller tile, as T(4,128) does."""
+    elements = math.prod(shape)
+    if tile is None or not shape:
+        return elements * nbytes
+    rows, lanes = tile[0] * max(1, 4 // nbytes), tile[1]
+    best = None
+    for k, minor in enumerate(shape):
+        rest = [d for j, d in enumerate(shape) if j != k]
+        second = max(rest, default=1)
+        padded_second = second if second < rows else -(-second // rows) * rows
+        size = -(-minor // lanes) * lanes * padded_second * (math.prod(rest) // second)
+        best = size if best is None else min(best, size)
+    return int(best) * nbytes  # type: ignore[arg-type]
+
+
+def shard_bytes(model: ModelSpec, roles: Roles, nbytes: int, tile: tuple[int, int] | None) -> int:
+    """Bytes of one device's shard of every parameter, stored in `nbytes`-byte words."""
+    total = 0
+    for shape, logical in param_shapes(model).values():
+        entries = roles.mesh_axes(logical)
+        local = []
+        for dim, entry in zip(shape, entries, strict=True):
+            axes = (entry,) if isinstance(entry, str) else entry or ()
+            local.append(dim // math.prod(dict(roles.sizes)[a] for a in axes))
+        total += stored(tuple(local), nbytes, tile)
+    return total
+
+
+def layer_weights(model: ModelSpec, m: int) -> int:
+    """One layer's weights on one device once gathered over FSDP (elements)."""
+    return (model.layer_params - 2 * model.d_model) // m
+
+
+def _intermediates(
+    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles
+) -> dict[str, tuple[tuple[int, ...], int]]:
+    """One layer's forward intermediates on one device: name -> (shape, bytes per element)."""
+    cd = dtype_bytes(train.compute_dtype)
+    r, s, d, hd = sh.rows, sh.seq, model.d_model, model.head_dim
+    found = {
+        "input": ((r, s, d), cd),
+        "attention norm": ((r, s, d), cd),
+        "q": ((r, s, sh.heads, hd), cd),
+        "k": ((r, s, sh.kv_heads, hd), cd),
+        "v": ((r, s, sh.kv_heads, hd), cd),
+        "rotated q": ((r, s, sh.heads, hd), cd),
+        "rotated k": ((r, s, sh.kv_heads, hd), cd),
+        "attention": ((r, s, sh.heads, hd), cd),
+        "attention logsumexp": ((r, sh.heads, s), 4),
+        "attention projection": ((r, s, d), cd),
+        "mlp norm": ((r, s, d), cd),
+        "gate": ((r, s, sh.mlp), cd),
+        "up": ((r, s, sh.mlp), cd),
+        "gated": ((r, s, sh.mlp), cd),
+        "down": ((r, s, d), cd),
+    }
+    if roles.size("seq") > 1:  # keys and values gathered along the sequence
+        full = (r, model.seq_len, sh.kv_heads, hd)
+        found |= {"gathered k": (full, cd), "gathered v": (full, cd)}
+    if train.attention == "plain":  # float32 scores and compute-dtype probabilities
+        scores = (r, sh.heads, s, model.seq_len)
+        found |= {"scores": (scores, 4), "probabilities": (scores, cd)}
+    return found
+
+
+# What each remat policy keeps of a layer for the backward pass.
+_SAVED = {
+    "full": ("input",),
+    "dots": ("input", "q", "k", "v", "attention projection", "gate", "up", "down"),
+}
+
+
+def layer_bytes(
+    model: ModelSpec,
+    train: TrainSpec,
+    sh: Shapes,
+    roles: Roles,
+    tile: tuple[int, int] | None,
+    names: tuple[str, ...] | None = None,
+) -> int:
+    """Bytes of one layer's intermediates (those named, default all) as stored."""
+    found = _intermediates(model, train, sh, roles)
+    return sum(
+        stored(shape, nbytes, tile)
+        for name, (shape, nbytes) in found.items()
+        if names is None or name in names
+    )
+
+
+def memory_terms(
+    model: ModelSpec, train: TrainSpec, roles: Roles, tile: tuple[int, int] | None
+) -> dict[str, int]:
+    """Every term in bytes per device; `peak` says which of them are live at once."""
+    sh = Shapes.of(model, train, roles)
+    pd, od, cd = (
+        dtype_bytes(x) for x in (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
+    )
+    m = roles.size("model")
+    table = stored((sh.vocab, model.d_model), cd, tile)
+    layer = layer_weights(model, m) * cd
+    return {
+        "params": shard_bytes(model, roles, pd, tile),
+        "optimizer": 2 * shard_bytes(model, roles, od, tile),
+        "gradients": shard_bytes(model, roles, pd, tile),
+        "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
+        "activations": model.num_layers
+        * layer_bytes(model, train, sh, roles, tile, _SAVED.get(train.remat)),
+        "logits": 2 * stored((sh.rows, sh.seq, sh.vocab), cd, tile),
+        "embeddings": 2 * table,
+        "layer": 3 * layer + 2 * layer_bytes(model, train, sh, roles, tile),
+    }
+
+
+PHASES = {
+    "backward head": ("activations", "logits", "embeddings"),
+    "layer loop": ("activations", "gradients", "layer"),
+    "tail": ("gradients", "embeddings"),
+}
+ALWAYS = ("params", "optimizer", "batch")
+
+
+def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
+    """Each phase's total (the arguments included), and the terms live in the largest."""
+    totals = {name: sum(terms[k] for k in (*ALWAYS, *parts)) for name, parts in PHASES.items()}
+    worst = max(totals, key=lambda name: totals[name])
+    return totals, {*ALWAYS, *PHASES[worst]}

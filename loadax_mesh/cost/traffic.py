@@ -1,0 +1,156 @@
+"""The collectives the reference step runs over each mesh axis, and how long they take.
+
+Bytes are counted as the compiled program reports them (`compile.CompileReport`): the full
+buffer over the group (all-gather's result, reduce-scatter's input, the others' buffer), per
+device and per step. What each role's axis carries:
+- FSDP: every layer's weights gathered in the forward pass and again in the backward pass, and
+  its weight gradients reduced; the embedding tables gathered and their gradients reduced.
+- Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
+- Tensor (`model`): per layer two all-reduces of the layer's output in the forward pass, two of
+  the input gradients in the backward pass and two more where full remat recomputes the
+  forward; one for the embedding lookup and one for the logits' input gradient.
+- Sequence: per layer keys and values gathered along the sequence (forward, and again for a
+  full-remat recompute) and their gradients reduce-scattered.
+An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase; the time
+of a phase is a ring's: (n - 1) / n of the bytes over the link (both directions of the ring where
+it closes, times the plan's ring efficiency) plus one latency per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..workload.layout import Roles
+from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from .facts import DeviceFacts
+from .memory import Shapes, layer_weights
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective over one axis: bytes per run, runs per step, and whether it can
+    hide behind compute."""
+
+    axis: str
+    kind: str  # "all-gather", "reduce-scatter" or "all-reduce"
+    what: str
+    bytes: int
+    count: int
+    overlaps: bool
+
+
+@dataclass(frozen=True)
+class AxisTraffic:
+    """Everything one mesh axis carries in a step, and the time it takes."""
+
+    axis: str
+    role: str
+    ici: int
+    dcn: int
+    bytes: int  # per step, summed over collectives (as the compiler counts them)
+    ici_bytes: int  # of which the ICI phases carry
+    dcn_bytes: int  # and the DCN phases
+    seconds: float
+    exposed_seconds: float  # the part that cannot hide behind compute
+    collectives: tuple[Collective, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["collectives"] = [asdict(c) for c in self.collectives]
+        return data
+
+
+def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collective]:
+    """Every collective the step runs, by axis (see the module's docstring)."""
+    sh = Shapes.of(model, train, roles)
+    cd = dtype_bytes(train.compute_dtype)
+    m, L, d = roles.size("model"), model.num_layers, model.d_model
+    layer = layer_weights(model, m) * cd
+    tables = (1 if model.tied_embeddings else 2) * sh.vocab * d * cd
+    shard = model.num_params // (roles.size("fsdp") * m) * cd
+    forward = 3 if train.remat == "full" else 2  # passes that run each layer's forward
+    found: list[Collective] = []
+    if roles.fsdp is not None and roles.size("fsdp") > 1:
+        a = roles.fsdp
+        found += [
+            Collective(a, "all-gather", "layer weights", layer, 2 * L, True),
+            Collective(a, "reduce-scatter", "layer weight gradients", layer, L, True),
+            Collective(a, "all-gather", "embedding tables", tables, 1, True),
+            Collective(a, "reduce-scatter", "embedding gradients", tables, 1, True),
+        ]
+    for a in roles.batch:
+        if a != roles.fsdp and dict(roles.sizes)[a] > 1:
+            found.append(Collective(a, "all-reduce", "gradient shards", shard, 1, True))
+    if roles.model is not None and m > 1:
+        activation = sh.tokens * d * cd
+        runs = L * 2 * (forward - 1) + L * 2 + 2
+        found.append(
+            Collective(roles.model, "all-reduce", "layer outputs", activation, runs, False)
+        )
+    if roles.seq is not None and roles.size("seq") > 1:
+        kv = 2 * sh.rows * model.seq_len * sh.kv_heads * model.head_dim * cd
+        found += [
+            Collective(roles.seq, "all-gather", "keys and values", kv, L * (forward - 1), False),
+            Collective(roles.seq, "reduce-scatter", "key and value gradients", kv, L, False),
+        ]
+    return found
+
+
+def axis_traffic(
+    found: list[Collective],
+    roles: Roles,
+    factors: dict[str, tuple[int, int]],
+    efficiency: dict[str, float],
+    facts: DeviceFacts,
+) -> dict[str, AxisTraffic]:
+    """Per mesh axis: bytes split into ICI and DCN phases and their time. `factors` gives each
+    axis's (ici, dcn) sizes, `efficiency` its ICI ring efficiency from the plan's quality."""
+    role = {roles.fsdp: "fsdp", roles.model: "tensor", roles.seq: "sequence"}
+    out = {}
+    for axis, _ in roles.sizes:
+        ici, dcn = factors[axis]
+        mine = tuple(c for c in found if c.axis == axis)
+        ici_bytes = dcn_bytes = 0
+        seconds = exposed = 0.0
+        for c in mine:
+            ib, db, t = _phases(c, ici, dcn, efficiency.get(axis, 1.0), facts)
+            ici_bytes += ib * c.count
+            dcn_bytes += db * c.count
+            seconds += t * c.count
+            exposed += 0.0 if c.overlaps else t * c.count
+        out[axis] = AxisTraffic(
+            axis=axis,
+            role=role.get(axis, "data" if axis in roles.batch else "none"),
+            ici=ici,
+            dcn=dcn,
+            bytes=ici_bytes + dcn_bytes,
+            ici_bytes=ici_bytes,
+            dcn_bytes=dcn_bytes,
+            seconds=seconds,
+            exposed_seconds=exposed,
+            collectives=mine,
+        )
+    return out
+
+
+def _phases(
+    c: Collective, ici: int, dcn: int, efficiency: float, facts: DeviceFacts
+) -> tuple[int, int, float]:
+    """(ICI bytes, DCN bytes, seconds) of one run. An all-gather gathers inside granules first
+    (the ICI phase's buffer is 1/dcn of the whole), a reduce-scatter reduces across granules last;
+    an all-reduce is a reduce-scatter then an all-gather over both."""
+    factor = 2 if c.kind == "all-reduce" else 1
+    ici_buffer = c.bytes // dcn if c.kind != "all-reduce" else c.bytes
+    ici_bytes = ici_buffer if ici > 1 else 0
+    dcn_bytes = c.bytes if dcn > 1 else 0
+    seconds = 0.0
+    if ici > 1:
+        bandwidth = facts.need("ici_bandwidth") * 2 * max(efficiency, 1e-9)
+        seconds += factor * (ici - 1) * (ici_buffer / ici / bandwidth + facts.need("ici_latency"))
+    if dcn > 1:
+        seconds += (
+            factor
+            * (dcn - 1)
+            * (c.bytes / dcn / facts.need("dcn_bandwidth") + facts.need("dcn_latency"))
+        )
+    return ici_bytes, dcn_bytes, seconds
