@@ -1,9 +1,11 @@
 """Compile the reference step for a plan and report what the compiler says (DESIGN.md sec. 7).
 
-Memory per device from `memory_analysis()`, fit against the catalogue's HBM, FLOPs per step from
-XLA's own cost analysis with loop bodies counted once per trip, and every collective of the
-optimised HLO with its bytes, how often a step runs it and the mesh axes its groups span. On
-libtpu's compile-only devices this is the real TPU compiler, on a machine without a TPU.
+Memory per device from `memory_analysis()`, fit against the catalogue's HBM (on GPU the pool
+jax's client preallocates), FLOPs per step (flops.py: XLA's own cost analysis with loop bodies
+counted once per trip, cuDNN attention counted from its shapes), and every collective of the
+optimised HLO with its bytes, how often a step runs it, the mesh axes its groups span and how
+many of its bytes cross hosts and granules (traffic.py). On libtpu's or XLA's CUDA client's
+compile-only devices this is the real TPU or GPU compiler, on a machine without either.
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ class CompileReport:
 def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileReport:
     """Compile the reference step for `plan` (its devices must be real or compile-only jax
     devices). A TPU compile refused for lack of HBM gives a report with `fits` False and the
-    compiler's figures; any other compile error propagates."""
+    compiler's figures; the GPU compiler never refuses, and `fits` compares its figures with
+    the catalogue's. Any other compile error propagates."""
     import jax
 
     from .hardware import parse_hardware

@@ -56,7 +56,6 @@ def test_memory_and_fit_against_the_gpu_pool(tiny_on_two_hosts):
     fraction = dict(catalogue().gpu_client)["mem_fraction"]
     assert fraction.value == 0.75 and fraction.source == ("J-gpumem",)
     assert report.hbm_bytes == int(0.75 * device_memory(H100))
-    assert device_memory(H100) == 84978434048  # configs/gpu_targets/h100_sxm.txtpb
     assert report.fits is True and report.total_bytes < report.hbm_bytes
 
 
