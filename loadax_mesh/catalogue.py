@@ -226,6 +226,7 @@ class Catalogue:
 
     types: tuple[HardwareType, ...]
     sources: tuple[tuple[str, str], ...]
+    gpu_client: tuple[tuple[str, Fact], ...] = ()  # jax's GPU client: what a process may use
 
     def get(self, platform: str, key: str) -> HardwareType | None:
         return next((t for t in self.types if t.platform == platform and t.key == key), None)
@@ -261,7 +262,8 @@ def catalogue() -> Catalogue:
             facts=tuple(cpu.items()),
         )
     )
-    return Catalogue(tuple(types), tuple(sources.items()))
+    client = _facts(data["gpu_client"], where="gpu_client", sources=sources)
+    return Catalogue(tuple(types), tuple(sources.items()), tuple(client.items()))
 
 
 def list_hardware() -> list[HardwareType]:
@@ -297,8 +299,19 @@ def tpu_type_of_kind(device_kind: str) -> HardwareType | None:
 
 
 def device_hbm(t: HardwareType) -> float | None:
-    """HBM one JAX device may use, in bytes: what the TPU compiler allows (`hbm_usable`), else
-    the chip's HBM shared by its devices; None where the catalogue does not know."""
+    """Memory one JAX device may use, in bytes; None where the catalogue does not know.
+
+    TPU: what the TPU compiler allows (`hbm_usable`), else the chip's HBM shared by its
+    devices. GPU: the pool jax's GPU client preallocates, `[gpu_client] mem_fraction` (0.75)
+    of the total memory the GPU reports (its target config's `device_memory_size`): the GPU
+    compiler never refuses, and a step that needs more runs out of memory in that pool.
+    """
+    if t.platform == "gpu":
+        from .topology_gpu import device_memory
+
+        total = device_memory(t.device_kind)
+        fraction = dict(catalogue().gpu_client)["mem_fraction"].value
+        return None if total is None else float(fraction) * total
     usable = t.fact("hbm_usable")
     if usable is not None and usable.base is not None:
         return usable.base

@@ -47,9 +47,10 @@ def _positive_int(text: str) -> int:
 
 _PLAN_HELP: dict[str, tuple[dict[str, Any], str]] = {  # flag: (argparse options, help)
     "--devices": (
-        {"choices": ["local", "libtpu"]},
-        "local: this machine's jax.devices(), not HARDWARE; libtpu: HARDWARE's real TPU devices "
-        "from libtpu's compile-only client (default for compile)",
+        {"choices": ["local", "aot", "libtpu"]},
+        "local: this machine's jax.devices(), not HARDWARE; aot: HARDWARE's real devices from "
+        "the compile-only client (libtpu for TPU, XLA's CUDA client for GPU; default for "
+        "compile); libtpu: the same, TPU strings only",
     ),
     "--strategy": (
         {"metavar": "PRESET"},
@@ -83,8 +84,9 @@ _COMMANDS = {
     "hardware": "the hardware catalogue",
     "presets": "the strategy presets: axes, batch axes, mesh rules",
     "devices": "what jax.devices() holds here, and the detected hardware string",
-    "compile": "compile the reference training step for a plan (libtpu's TPU compiler for a TPU "
-    "string, or --devices local) and report memory, fit, FLOPs and collectives",
+    "compile": "compile the reference training step for a plan (the real TPU or GPU compiler "
+    "for a TPU or GPU string, no accelerator needed; or --devices local) and report memory, "
+    "fit, FLOPs and collectives",
     "models": "the model catalogue for compile and the cost model",
     "launch": "N local processes joined by jax.distributed: launch --nprocs N "
     "--devices-per-process K -- CMD ...",
@@ -204,7 +206,12 @@ def _devices(args: argparse.Namespace) -> tuple[list[Any], str]:
 
         devices: list[Any] = _jax_devices()
         return devices, detect_hardware(devices)
-    if args.devices == "libtpu" or args.command == "compile":
+    if args.devices in ("aot", "libtpu") or args.command == "compile":
+        if args.devices == "libtpu" and not args.hardware.startswith("tpu-"):
+            raise UsageError(
+                f"--devices libtpu takes TPU strings, not {args.hardware!r}; accepted for "
+                "any TPU or GPU string: --devices aot"
+            )
         os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only: no accelerator needed
         from .topology import topology_devices
 
@@ -215,12 +222,13 @@ def _devices(args: argparse.Namespace) -> tuple[list[Any], str]:
 
 
 def _device_notes(devices: Any) -> list[str]:
-    """What to say about libtpu's devices: that they are, and how they differ from the real
-    machine's (v4)."""
+    """What to say about compile-only devices: whose they are, and how they differ from the
+    real machine's (v4; GPU's slice_index)."""
     if not hasattr(devices, "difference"):
         return []
     difference = devices.difference
-    notes = [f"devices: libtpu's compile-only devices for {devices.hardware}"]
+    client = "XLA's CUDA client" if devices.hardware.startswith("gpu-") else "libtpu"
+    notes = [f"devices: {client}'s compile-only devices for {devices.hardware}"]
     return notes + ([f"differs from the real machine: {difference}"] if difference else [])
 
 

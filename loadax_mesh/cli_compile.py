@@ -72,8 +72,6 @@ def compile_command(
 
 def render_report(report: CompileReport, notes: list[str]) -> str:
     """The compile report as text: memory against HBM, FLOPs, collectives per kind and axes."""
-    from .render import text_table
-
     mesh = " x ".join(f"{k}={v}" for k, v in report.mesh.items())
     lines = [
         f"compiled   {report.model}, global batch {report.global_batch}, remat {report.remat}, "
@@ -90,6 +88,8 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
     lines.append(
         f"memory     {_gb(report.total_bytes)} per device of {hbm}: {verdict[report.fits]}"
     )
+    if report.hbm_bytes is not None and (report.hardware or "").startswith("gpu-"):
+        lines.append("           " + _gpu_pool(report.hbm_bytes))
     if report.argument_bytes is not None:
         parts = ("argument", "output", "temp", "alias")
         lines.append(
@@ -98,20 +98,59 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
             + " (total = argument + output + temp - alias)"
         )
     if report.flops is not None:
-        lines.append(f"flops      {report.flops:.3e} per device per step (loop trips counted)")
-    grouped: dict[tuple[str, tuple[str, ...] | None], list[int]] = {}
-    for c in report.collectives:
-        key = (c.kind, c.axes)
-        total = grouped.setdefault(key, [0, 0])
-        total[0] += c.count
-        total[1] += c.bytes * c.count
-    if grouped:
-        rows: list[list[Any]] = [["collective", "axes", "per step", "bytes per step"]]
-        for (kind, axes), (count, size) in sorted(grouped.items(), key=lambda kv: -kv[1][1]):
-            shown = ",".join(axes) if axes else "(part of an axis)"
-            rows.append([kind, shown, count, _gb(size)])
-        lines += ["", text_table(rows)]
+        counted = "; cuDNN attention on the pairs its mask keeps" * (report.attention == "cudnn")
+        lines.append(
+            f"flops      {report.flops:.3e} per device per step (loop trips counted{counted})"
+        )
+    if report.collectives:
+        lines += ["", collective_table(report)]
     return "\n".join(lines)
+
+
+def collective_table(report: CompileReport) -> str:
+    """Collectives per kind and axes: runs and bytes per step, and how many of the bytes stay
+    inside hosts and cross them (a column for granules where they are not the hosts)."""
+    from .render import text_table
+
+    parts = ("bytes", "across_hosts", "across_granules")
+    grouped: dict[tuple[str, tuple[str, ...] | None], list[Any]] = {}
+    for c in report.collectives:
+        total = grouped.setdefault((c.kind, c.axes), [0, 0, 0, 0])
+        total[0] += c.count
+        for k, part in enumerate(parts, start=1):
+            size = getattr(c, part)
+            total[k] = None if size is None or total[k] is None else total[k] + size * c.count
+    granules = any(c.across_granules != c.across_hosts for c in report.collectives)
+    header = ["collective", "axes", "per step", "bytes per step", "inside hosts", "across hosts"]
+    rows: list[list[Any]] = [header + ["across granules"] * granules]
+    for (kind, axes), (count, size, hosts, across) in sorted(
+        grouped.items(), key=lambda kv: -kv[1][1]
+    ):
+        shown = ",".join(axes) if axes else "(part of an axis)"
+        inside = None if hosts is None else size - hosts
+        row = [kind, shown, count, _gb(size), *(_gb_or_unknown(v) for v in (inside, hosts))]
+        rows.append(row + [_gb_or_unknown(across)] * granules)
+    totals = report.bytes_across()
+    rows.append(
+        ["all", "", sum(c.count for c in report.collectives), _gb(totals["total"] or 0)]
+        + [_gb_or_unknown(totals[k]) for k in ("inside_hosts", "across_hosts")]
+        + [_gb_or_unknown(totals["across_granules"])] * granules
+    )
+    return text_table(rows)
+
+
+def _gpu_pool(usable: int) -> str:
+    from .catalogue import catalogue
+
+    fraction = dict(catalogue().gpu_client)["mem_fraction"].value
+    return (
+        f"{_gb(usable)}: the pool jax's GPU client preallocates, {fraction:g} of the "
+        f"{_gb(usable / fraction)} the GPU reports (XLA_CLIENT_MEM_FRACTION)"
+    )
+
+
+def _gb_or_unknown(n: float | None) -> str:
+    return "?" if n is None else _gb(n)
 
 
 def _gb(n: float) -> str:

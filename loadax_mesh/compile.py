@@ -1,9 +1,11 @@
 """Compile the reference step for a plan and report what the compiler says (DESIGN.md sec. 7).
 
-Memory per device from `memory_analysis()`, fit against the catalogue's HBM, FLOPs per step from
-XLA's own cost analysis with loop bodies counted once per trip, and every collective of the
-optimised HLO with its bytes, how often a step runs it and the mesh axes its groups span. On
-libtpu's compile-only devices this is the real TPU compiler, on a machine without a TPU.
+Memory per device from `memory_analysis()`, fit against the catalogue's HBM (on GPU the pool
+jax's client preallocates), FLOPs per step (flops.py: XLA's own cost analysis with loop bodies
+counted once per trip, cuDNN attention counted from its shapes), and every collective of the
+optimised HLO with its bytes, how often a step runs it, the mesh axes its groups span and how
+many of its bytes cross hosts and granules (traffic.py). On libtpu's or XLA's CUDA client's
+compile-only devices this is the real TPU or GPU compiler, on a machine without either.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .catalogue import device_hbm
+from .flops import step_flops
 from .hlo import Collective, HloText, collectives, group_axes, varying_axes
+from .traffic import across_bytes
 
 if TYPE_CHECKING:
     from .plan import MeshPlan
@@ -31,14 +35,17 @@ _SCALE = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 @dataclass(frozen=True)
 class CollectiveItem:
     """A collective op: kind, bytes (the full buffer over its group), times a step runs it,
-    the mesh axes its groups span (None: they are no sub-grid of whole axes) and the axes its
-    members differ along (also for groups over part of an axis)."""
+    the mesh axes its groups span (None: they are no sub-grid of whole axes), the axes its
+    members differ along (also for groups over part of an axis), and how many of its bytes
+    cross hosts and cross granules (traffic.across_fraction; None: groups unreadable)."""
 
     kind: str
     bytes: int
     count: int
     axes: tuple[str, ...] | None
     spans: tuple[str, ...]
+    across_hosts: int | None = None
+    across_granules: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,6 +73,22 @@ class CompileReport:
     collectives: tuple[CollectiveItem, ...]
     message: str | None = None  # the compiler's refusal, when it refused
 
+    def bytes_across(self) -> dict[str, int | None]:
+        """Collective bytes per step: in all, inside hosts, across hosts and across granules
+        (None where some collective's groups were unreadable)."""
+        total = sum(c.bytes * c.count for c in self.collectives)
+        hosts, granules = (
+            _per_step([(getattr(c, f"across_{part}"), c.count) for c in self.collectives])
+            for part in ("hosts", "granules")
+        )
+        inside = None if hosts is None else total - hosts
+        return {
+            "total": total,
+            "inside_hosts": inside,
+            "across_hosts": hosts,
+            "across_granules": granules,
+        }
+
     def bytes_by_axes(self) -> dict[tuple[str, ...], int]:
         """Collective bytes per step, summed per set of mesh axes the groups vary along."""
         totals: dict[tuple[str, ...], int] = {}
@@ -76,13 +99,15 @@ class CompileReport:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["collectives"] = [c.to_dict() for c in self.collectives]
+        data["bytes_per_step"] = self.bytes_across()
         return data
 
 
 def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileReport:
     """Compile the reference step for `plan` (its devices must be real or compile-only jax
     devices). A TPU compile refused for lack of HBM gives a report with `fits` False and the
-    compiler's figures; any other compile error propagates."""
+    compiler's figures; the GPU compiler never refuses, and `fits` compares its figures with
+    the catalogue's. Any other compile error propagates."""
     import jax
 
     from .hardware import parse_hardware
@@ -135,9 +160,17 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     )
     hlo = HloText(compiled.as_text())
     shape = dict(mesh.shape)
+    hosts = np.array([d.process_index for d in mesh.devices.flat])
+    granules = plan.layout.granule[plan.layout.index.reshape(-1)]
     items = tuple(
         CollectiveItem(
-            c.kind, c.bytes, c.count, _axes(c, dict(mesh.shape)), varying_axes(c.groups, shape)
+            c.kind,
+            c.bytes,
+            c.count,
+            _axes(c, shape),
+            varying_axes(c.groups, shape),
+            across_bytes(c.kind, c.bytes, c.groups, hosts),
+            across_bytes(c.kind, c.bytes, c.groups, granules),
         )
         for c in collectives(hlo, mesh.devices.size, np.array([d.id for d in mesh.devices.flat]))
     )
@@ -153,6 +186,12 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         flops=step_flops(compiled, hlo),
         collectives=items,
     )
+
+
+def _per_step(parts: list[tuple[int | None, int]]) -> int | None:
+    if any(size is None for size, _ in parts):
+        return None
+    return sum((size or 0) * count for size, count in parts)
 
 
 def _axes(c: Collective, mesh_shape: dict[str, int]) -> tuple[str, ...] | None:
@@ -174,51 +213,3 @@ def _attention_kind(attention: str, platform: str) -> str:
     if attention == "plain":
         return "plain"
     return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "xla")
-
-
-def step_flops(compiled: Any, hlo: HloText) -> float | None:
-    """FLOPs per device per step by XLA's HLO cost analysis, every while body counted once per
-    trip: T(c) = CA(c) - sum CA(body) + sum trips * T(body) over the loops in c. None where this
-    jaxlib offers no cost analysis of a module."""
-    try:
-        import jax
-        from jax._src.lib import _jax
-        from jaxlib._hlo import hlo_module_from_text
-
-        client = jax.devices("cpu")[0].client
-    except (ImportError, RuntimeError):
-        return None
-
-    def analysed(computation: str) -> float:
-        module = hlo_module_from_text(_rooted(hlo.text, computation, hlo.entry))
-        flops = float(_jax.hlo_module_cost_analysis(client, module).get("flops", 0.0))
-        if flops < 0:  # an op without a cost (cuDNN's attention) spoils the whole sum
-            raise ValueError(f"no FLOP count for {computation}")
-        return flops
-
-    def total(computation: str) -> float:
-        flops = analysed(computation)
-        for where, loop, trips in hlo.loops():
-            if where != computation:
-                continue
-            body = dict(loop.called())["body"]
-            flops += (trips or 1) * total(body) - analysed(body)
-        return flops
-
-    try:
-        return total(hlo.entry)
-    except (RuntimeError, ValueError):  # no figure rather than a wrong one
-        return None
-
-
-def _rooted(text: str, computation: str, entry: str) -> str:
-    """The module text with `computation` as its entry (header attributes dropped)."""
-    lines = text.splitlines()
-    for k, line in enumerate(lines):
-        if k == 0 and line.startswith("HloModule"):
-            lines[k] = line.split(",")[0]
-        elif line.startswith(("ENTRY %", "ENTRY ")) and computation != entry:
-            lines[k] = line.removeprefix("ENTRY ")
-        elif computation != entry and line.startswith((f"%{computation} (", f"{computation} (")):
-            lines[k] = "ENTRY " + line
-    return "\n".join(lines)

@@ -25,7 +25,7 @@ _BYTES = {
     "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
     "c64": 8, "c128": 16,
 }  # fmt: skip
-_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
+ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\{$")
 _INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = ")
 _CALLED = re.compile(
@@ -53,7 +53,7 @@ class Instruction:
 def shape_bytes(shape: str) -> int:
     """Bytes of every array in a shape's text (a tuple's elements summed)."""
     total = 0
-    for dtype, dims in _ARRAY.findall(shape):
+    for dtype, dims in ARRAY.findall(shape):
         if dtype in _BYTES:
             total += _BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
     return total
@@ -65,19 +65,19 @@ def _split_instruction(line: str) -> Instruction | None:
         return None
     rest = line[match.end() :]
     if rest.startswith("("):
-        end = _closing(rest, 0)
+        end = closing(rest, 0)
         shape, rest = rest[: end + 1], rest[end + 1 :].lstrip()
     else:
         shape, _, rest = rest.partition(" ")
     opcode, paren, rest = rest.partition("(")
     if not paren:
         return None
-    end = _closing("(" + rest, 0)
+    end = closing("(" + rest, 0)
     operands, attributes = rest[: end - 1], rest[end:].lstrip(", ")
     return Instruction(match[1], shape, opcode, operands, attributes)
 
 
-def _closing(text: str, start: int) -> int:
+def closing(text: str, start: int) -> int:
     """Index of the bracket closing the one at `start` (round or curly, comments skipped)."""
     depth = 0
     i = start
@@ -223,7 +223,7 @@ def collectives(
                 continue
             if megascale:
                 groups = _megascale_groups(i.attributes, device_ids)
-                size = shape_bytes(_ARRAY.search(i.shape)[0])  # type: ignore[index]
+                size = shape_bytes(ARRAY.search(i.shape)[0])  # type: ignore[index]
                 gathered = kind == "all-gather"
             else:
                 shape = done_shape.get(i.name, i.shape) if i.opcode.endswith("-start") else i.shape
@@ -297,17 +297,13 @@ def replica_groups(attributes: str, num_devices: int) -> np.ndarray | None:
     pairs = re.search(r"source_target_pairs=(\{\{.*?\}\})", attributes)
     if pairs:
         return _explicit(pairs[1])
-    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+    mesh = _MESH.search(attributes)
     if mesh:
-        return _mesh_form(mesh[1], mesh[2])
-    iota = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attributes)
+        return _mesh_form(mesh["axes"], mesh["ids"], mesh["spanned"])
+    iota = re.search(r"replica_groups=\[([\d,]+)\]<=(\[[\d,]+\](?:T\([\d,]+\))?)", attributes)
     if iota:
-        shape = [int(x) for x in iota[1].split(",")]
-        ids = np.arange(math.prod(int(x) for x in iota[2].split(",")))
-        ids = ids.reshape([int(x) for x in iota[2].split(",")])
-        if iota[3]:
-            ids = ids.transpose([int(x) for x in iota[3].split(",")])
-        return ids.reshape(shape)
+        ids = _iota(iota[2])
+        return None if ids is None else ids.reshape([int(x) for x in iota[1].split(",")])
     explicit = re.search(r"replica_groups=(\{.*?\}\})", attributes)
     if explicit:
         return _explicit(explicit[1])
@@ -324,19 +320,69 @@ def _explicit(text: str) -> np.ndarray | None:
         return None  # ragged groups
 
 
-def _mesh_form(axes_text: str, spanned_text: str) -> np.ndarray | None:
-    axes = re.findall(r"'([^']+)'=(\d+)", axes_text)
-    if not axes:
+_MESH = re.compile(
+    r"replica_groups=mesh\[(?P<axes>[^\]]*)\]"
+    r"(?:,\s*device_ids=\((?P<ids>[^)]*\)?)\))?\s*\{(?P<spanned>[^}]*)\}"
+)
+_MESH_AXIS = re.compile(r"'?([\w.\-]+?)'?=(\d+)")
+_GROUP_AXIS = re.compile(r"'?([\w.\-]+?)'?(?::\((\d+)\)(\d+))?$")
+
+
+def _device_ids(text: str) -> np.ndarray | None:
+    """A mesh's device ids: an iota (below) or the ids listed, `8,3,7,...`."""
+    if re.fullmatch(r"\d+(,\d+)*", text.strip()):
+        return np.array([int(x) for x in text.split(",")])
+    return _iota(text)
+
+
+def _iota(text: str) -> np.ndarray | None:
+    """XLA's iota tile assignment `[dims]` or `[dims]T(perm)`: arange over dims, transposed,
+    flattened."""
+    match = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", text.strip())
+    if match is None:
         return None
+    dims = [int(x) for x in match[1].split(",")]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if match[2]:
+        ids = ids.transpose([int(x) for x in match[2].split(",")])
+    return ids.reshape(-1)
+
+
+def _mesh_form(axes_text: str, ids_text: str | None, spanned_text: str) -> np.ndarray | None:
+    """XLA's mesh form: `mesh['a'=4,'b'=2], device_ids=([2,4]T(1,0)) {'a'}` groups the devices
+    of the mesh (its ids in row-major order: iota, or `device_ids`) along the named axes, the
+    members ordered as the axes are listed. A sub-axis `'a':(pre)size` is the middle factor
+    when axis a is split into [pre, size, rest] (several on one axis split it further)."""
+    axes = [(name, int(size)) for name, size in _MESH_AXIS.findall(axes_text)]
+    total = math.prod(n for _, n in axes)
+    ids = np.arange(total) if ids_text is None else _device_ids(ids_text)
+    refs = [_GROUP_AXIS.fullmatch(a.strip()) for a in spanned_text.split(",")]
     names = [a for a, _ in axes]
-    spanned = re.findall(r"'([^']+)'", spanned_text)
-    if any(s not in names for s in spanned):
+    if not axes or ids is None or ids.size != total or any(r is None for r in refs):
         return None
-    ids = np.arange(math.prod(int(n) for _, n in axes)).reshape([int(n) for _, n in axes])
-    inner = [names.index(s) for s in spanned]
-    outer = [k for k in range(len(names)) if k not in inner]
-    size = math.prod(int(axes[k][1]) for k in inner)
-    return ids.transpose(outer + inner).reshape(-1, size)
+    parsed = [(r[1], int(r[2] or 1), int(r[3] or 0)) for r in refs if r is not None]
+    if any(name not in names for name, _, _ in parsed):
+        return None
+    dims: list[int] = []  # the mesh reshaped: every grouped (sub-)axis one dimension
+    where: dict[int, int] = {}  # listed position -> its dimension in `dims`
+    for name, size in axes:
+        placed = 1
+        for pre, sub, k in sorted(
+            (p, s or size, k) for k, (n, p, s) in enumerate(parsed) if n == name
+        ):
+            if pre % placed or size % (pre * sub):
+                return None
+            if pre > placed:
+                dims.append(pre // placed)
+            where[k] = len(dims)
+            dims.append(sub)
+            placed = pre * sub
+        if placed < size:
+            dims.append(size // placed)
+    inner = [where[k] for k in range(len(parsed))]
+    outer = [d for d in range(len(dims)) if d not in inner]
+    size = math.prod(dims[d] for d in inner)
+    return ids.reshape(dims).transpose(outer + inner).reshape(-1, size)
 
 
 def varying_axes(groups: np.ndarray | None, mesh_shape: dict[str, int]) -> tuple[str, ...]:

@@ -77,8 +77,13 @@ def _death_signal() -> Any:
     return lambda: prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
-# jax's gloo collectives announce every connection they make; shown only with --verbose.
-_NOISE = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. .*\n?")
+# jax's gloo collectives announce every connection they make; shown only with --verbose. Gloo
+# writes from C++ on the child's own descriptors, so under load its text can land inside a line
+# of the child's: it is cut out wherever it is, and a line left empty is dropped.
+_NOISE = re.compile(
+    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer "
+    r"ranks is : \d+"
+)
 
 
 def _pump(
@@ -86,8 +91,10 @@ def _pump(
 ) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
-        if not verbose and _NOISE.fullmatch(line):
-            continue
+        if not verbose and _NOISE.search(line):
+            line = _NOISE.sub("", line)
+            if not line.strip():
+                continue
         with lock:
             out.write(prefix + (line if line.endswith("\n") else line + "\n"))
             out.flush()

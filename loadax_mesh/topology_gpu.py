@@ -30,6 +30,7 @@ PLUGIN = "jax_plugins.xla_cuda12"
 CUDA_ROOTS = ("/usr/local/cuda", "/opt/cuda")
 
 _KIND = re.compile(r'^device_description_str:\s*"(?P<kind>[^"]+)"\s*$', re.MULTILINE)
+_MEMORY = re.compile(r"^\s*device_memory_size:\s*(\d+)\s*$", re.MULTILINE)
 
 
 def gpu_topology_name(spec: HardwareSpec) -> str:
@@ -54,6 +55,14 @@ def target_configs() -> dict[str, Path]:
             )
         found[kinds[0]] = path
     return found
+
+
+def device_memory(device_kind: str) -> int | None:
+    """The total memory a GPU of this kind reports, in bytes (`device_memory_size` of its
+    target config); None for a kind without one."""
+    path = target_configs().get(device_kind)
+    found = _MEMORY.search(path.read_text()) if path is not None else None
+    return None if found is None else int(found[1])
 
 
 def target_config(spec: HardwareSpec) -> str:

@@ -47,22 +47,24 @@ class Shapes:
         )
 
 
-def stored(shape: tuple[int, ...], nbytes: int, tile: tuple[int, int] | None) -> int:
-    """Bytes an array takes in memory. On TPU the compiler puts the dim that wastes least in the
-    128 lanes and the largest other dim in the rows (8 for 4-byte types, 16 for 2-byte); a dim
-    shorter than a row tile takes a smaller tile, as T(4,128) does."""
+def stored(
+    shape: tuple[int, ...], nbytes: int, tile: tuple[int, int] | None, *, minor: int | None = None
+) -> int:
+    """Bytes an array takes in memory. On TPU the compiler puts a dim in the 128 lanes (the one
+    that wastes least, or `minor` where the op fixes it, as a matmul fixes its contracted dim)
+    and the largest other dim in the rows (8 for 4-byte types, 16 for 2-byte); a dim shorter
+    than a row tile takes a smaller tile, as T(4,128) does."""
     elements = math.prod(shape)
     if tile is None or not shape:
         return elements * nbytes
     rows, lanes = tile[0] * max(1, 4 // nbytes), tile[1]
-    best = None
-    for k, minor in enumerate(shape):
+    sizes = []
+    for k in range(len(shape)) if minor is None else (minor % len(shape),):
         rest = [d for j, d in enumerate(shape) if j != k]
         second = max(rest, default=1)
         padded_second = second if second < rows else -(-second // rows) * rows
-        size = -(-minor // lanes) * lanes * padded_second * (math.prod(rest) // second)
-        best = size if best is None else min(best, size)
-    return int(best) * nbytes  # type: ignore[arg-type]
+        sizes.append(-(-shape[k] // lanes) * lanes * padded_second * (math.prod(rest) // second))
+    return min(sizes) * nbytes
 
 
 def shard_bytes(model: ModelSpec, roles: Roles, nbytes: int, tile: tuple[int, int] | None) -> int:
@@ -86,7 +88,8 @@ def layer_weights(model: ModelSpec, m: int) -> int:
 def _intermediates(
     model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles
 ) -> dict[str, tuple[tuple[int, ...], int]]:
-    """One layer's forward intermediates on one device: name -> (shape, bytes per element)."""
+    """One layer's forward intermediates on one device: name -> (shape, bytes per element).
+    Attention's operands have head_dim last: the dim their matmuls contract (see `stored`)."""
     cd = dtype_bytes(train.compute_dtype)
     r, s, d, hd = sh.rows, sh.seq, model.d_model, model.head_dim
     found = {
@@ -115,6 +118,10 @@ def _intermediates(
     return found
 
 
+# A layer's backward pass holds the gradients of its intermediates, and under full remat also
+# the intermediates it recomputes.
+_WORKING = {"full": 2, "dots": 1, "none": 1}
+
 # What each remat policy keeps of a layer for the backward pass.
 _SAVED = {
     "full": ("input",),
@@ -133,7 +140,7 @@ def layer_bytes(
     """Bytes of one layer's intermediates (those named, default all) as stored."""
     found = _intermediates(model, train, sh, roles)
     return sum(
-        stored(shape, nbytes, tile)
+        stored(shape, nbytes, tile, minor=-1 if shape[-1] == model.head_dim else None)
         for name, (shape, nbytes) in found.items()
         if names is None or name in names
     )
@@ -159,7 +166,7 @@ def memory_terms(
         * layer_bytes(model, train, sh, roles, tile, _SAVED.get(train.remat)),
         "logits": 2 * stored((sh.rows, sh.seq, sh.vocab), cd, tile),
         "embeddings": 2 * table,
-        "layer": 3 * layer + 2 * layer_bytes(model, train, sh, roles, tile),
+        "layer": 3 * layer + _WORKING[train.remat] * layer_bytes(model, train, sh, roles, tile),
     }
 
 

@@ -71,6 +71,14 @@ def test_gloo_connection_messages_only_with_verbose(verbose: bool) -> None:
     assert done.stdout.splitlines() == [*shown, "[0] [Gloo] other news", "[0] work"]
 
 
+def test_gloo_text_inside_a_line_is_cut_out() -> None:
+    """Gloo's C++ output can land in the middle of one of the child's lines (seen under load)."""
+    child = f"import sys; sys.stdout.write({GLOO!r}); print('work'); print()"
+    done = run("--nprocs", "1", "--devices-per-process", "1", child=child)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[0] work", "[0] "]
+
+
 def test_a_failing_child_stops_the_others() -> None:
     child = """
 import os, sys, time

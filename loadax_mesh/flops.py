@@ -1,0 +1,137 @@
+"""FLOPs per device per step of an optimised HLO module, every loop trip counted.
+
+XLA's HLO cost analysis (the CPU backend's, over the module text) counts a while body once and
+knows nothing of custom calls: each one adds -1 (HloCostAnalysis::HandleCustomCall marks its
+cost unknown). So the body of every loop is analysed on its own and multiplied by its trip
+count, and cuDNN's fused attention (`__cudnn$fmha...`, what `jax.nn.dot_product_attention`
+with implementation="cudnn" compiles to on GPU) is counted here from its shapes and mask.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from .hlo import ARRAY, HloText, Instruction, closing
+
+CUDNN_ATTENTION = "__cudnn$fmha"  # the prefix of XLA's cuDNN fused-attention targets
+
+
+def step_flops(compiled: Any, hlo: HloText) -> float | None:
+    """FLOPs per device per step: XLA's cost analysis with every while body counted once per
+    trip, T(c) = CA(c) - sum CA(body) + sum trips * T(body) over the loops in c, plus cuDNN's
+    attention calls (see `attention_flops`) times how often a step runs them. None where this
+    jaxlib offers no cost analysis of a module, or an attention call is of a kind not counted
+    here (no figure rather than a wrong one)."""
+    try:
+        import jax
+        from jax._src.lib import _jax
+        from jaxlib._hlo import hlo_module_from_text
+
+        client = jax.devices("cpu")[0].client
+    except (ImportError, RuntimeError):
+        return None
+
+    def analysed(computation: str) -> float:
+        module = hlo_module_from_text(_rooted(hlo.text, computation, hlo.entry))
+        return float(_jax.hlo_module_cost_analysis(client, module).get("flops", 0.0))
+
+    def total(computation: str) -> float:
+        flops = analysed(computation)
+        for where, loop, trips in hlo.loops():
+            if where != computation:
+                continue
+            body = dict(loop.called())["body"]
+            flops += (trips or 1) * total(body) - analysed(body)
+        return flops
+
+    try:
+        flops = total(hlo.entry)
+    except (RuntimeError, ValueError):  # the module text did not parse back: no figure
+        return None
+    for name, body in hlo.computations.items():
+        for i in body:
+            if i.opcode == "custom-call" and _target(i).startswith(CUDNN_ATTENTION):
+                counted = attention_flops(i)
+                if counted is None:
+                    return None
+                # XLA's analysis gave this call -1: undo that, add what it computes.
+                flops += hlo.multiplicity.get(name, 0) * (counted + 1)
+    return flops if flops >= 0 else None
+
+
+def attention_flops(call: Instruction) -> int | None:
+    """The matmul FLOPs of one cuDNN fused-attention call, forward or backward.
+
+    From the scores' shape [B, H, Sq, Skv] (the call's `intermediate_tensor_shape`) and q, k,
+    v's sizes (head dims Dqk and Dv). Per query-key pair a forward call does S = QK^T (2 Dqk)
+    and O = PV (2 Dv); a backward call recomputes S (2 Dqk) and does dV = P^T dO, dP = dO V^T
+    (2 Dv each), dQ = dS K and dK = dS^T Q (2 Dqk each). Pairs a mask removes are not counted:
+    a causal mask keeps query i with keys 0..i, Sq(Sq+1)/2 of Sq^2 pairs when Sq = Skv (cuDNN
+    skips the blocks above the diagonal; XLA's own attention computes and counts the square).
+    None for masks that depend on data (padding), sliding windows, or an unreadable call."""
+    config = _backend_config(call).get("cudnn_fmha_backend_config", {})
+    scores = [int(d) for d in config.get("intermediate_tensor_shape", {}).get("dimensions", [])]
+    arrays = _operand_sizes(call)
+    if len(scores) != 4 or len(arrays) < 3 or int(config.get("sliding_window_length", 0)):
+        return None
+    b, h, sq, skv = scores
+    q, k, v = arrays[:3]
+    dqk = q // (b * h * sq)
+    kv_heads = k // (b * skv * dqk) if dqk else 0
+    dv = v // (b * skv * kv_heads) if kv_heads else 0
+    if not dqk or not dv:
+        return None
+    mask = config.get("mask_type", "NO_MASK")
+    if mask == "NO_MASK":
+        pairs = sq * skv
+    elif mask == "CAUSAL":  # query i sees keys 0..i
+        pairs = sq * (sq + 1) // 2 if sq <= skv else skv * (skv + 1) // 2 + (sq - skv) * skv
+    else:
+        return None
+    per_pair = 2 * (3 * dqk + 2 * dv) if "Backward" in _target(call) else 2 * (dqk + dv)
+    return b * h * pairs * per_pair
+
+
+def _target(call: Instruction) -> str:
+    match = re.search(r'custom_call_target="([^"]*)"', call.attributes)
+    return match[1] if match else ""
+
+
+def _braced(text: str, key: str) -> str:
+    """The `{...}` that follows `key` in an attribute list ("" if absent)."""
+    start = text.find(key)
+    if start < 0:
+        return ""
+    start += len(key)
+    return text[start : closing(text, start) + 1]
+
+
+def _backend_config(call: Instruction) -> dict[str, Any]:
+    try:
+        data = json.loads(_braced(call.attributes, "backend_config="))
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _operand_sizes(call: Instruction) -> list[int]:
+    """Element counts of the operands, from `operand_layout_constraints` (the optimised
+    module's text names operands without their shapes)."""
+    text = _braced(call.attributes, "operand_layout_constraints=")
+    return [math.prod(int(d) for d in dims.split(",") if d) for _, dims in ARRAY.findall(text)]
+
+
+def _rooted(text: str, computation: str, entry: str) -> str:
+    """The module text with `computation` as its entry (header attributes dropped)."""
+    lines = text.splitlines()
+    for k, line in enumerate(lines):
+        if k == 0 and line.startswith("HloModule"):
+            lines[k] = line.split(",")[0]
+        elif line.startswith(("ENTRY %", "ENTRY ")) and computation != entry:
+            lines[k] = line.removeprefix("ENTRY ")
+        elif computation != entry and line.startswith((f"%{computation} (", f"{computation} (")):
+            lines[k] = "ENTRY " + line
+    return "\n".join(lines)
