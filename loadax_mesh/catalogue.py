@@ -298,27 +298,6 @@ def tpu_type_of_kind(device_kind: str) -> HardwareType | None:
     )
 
 
-def device_hbm(t: HardwareType) -> float | None:
-    """Memory one JAX device may use, in bytes; None where the catalogue does not know.
-
-    TPU: what the TPU compiler allows (`hbm_usable`), else the chip's HBM shared by its
-    devices. GPU: the pool jax's GPU client preallocates, `[gpu_client] mem_fraction` (0.75)
-    of the total memory the GPU reports (its target config's `device_memory_size`): the GPU
-    compiler never refuses, and a step that needs more runs out of memory in that pool.
-    """
-    if t.platform == "gpu":
-        from .topology_gpu import device_memory
-
-        total = device_memory(t.device_kind)
-        fraction = dict(catalogue().gpu_client)["mem_fraction"].value
-        return None if total is None else float(fraction) * total
-    usable = t.fact("hbm_usable")
-    if usable is not None and usable.base is not None:
-        return usable.base
-    hbm = t.fact("hbm")
-    return None if hbm is None or hbm.base is None else hbm.base / t.devices_per_chip
-
-
 def wraparound(device_kind: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...]:
     """Which chip dims of a slice of `chip_shape` close into rings, by the catalogue's rule.
 

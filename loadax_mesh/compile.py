@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .catalogue import device_hbm
 from .flops import step_flops
+from .gpu_targets import device_hbm
 from .hlo import Collective, HloText, collectives, group_axes, varying_axes
 from .traffic import across_bytes
 

@@ -13,24 +13,19 @@ import contextlib
 import importlib
 import importlib.util
 import os
-import re
 import shutil
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ._configs import config_path
 from .errors import MeshConfigError
+from .gpu_targets import target_configs
 from .hardware import HardwareSpec
 
 INSTALL = "pip install 'loadax-mesh[gpu-aot]' (the CUDA plugin for jax, ptxas and cuDNN)"
 PLUGIN = "jax_plugins.xla_cuda12"
 # Where XLA looks for ptxas besides PATH: its CUDA roots (the nvcc wheel's is nvidia/cuda_nvcc).
 CUDA_ROOTS = ("/usr/local/cuda", "/opt/cuda")
-
-_KIND = re.compile(r'^device_description_str:\s*"(?P<kind>[^"]+)"\s*$', re.MULTILINE)
-_MEMORY = re.compile(r"^\s*device_memory_size:\s*(\d+)\s*$", re.MULTILINE)
 
 
 def gpu_topology_name(spec: HardwareSpec) -> str:
@@ -39,30 +34,6 @@ def gpu_topology_name(spec: HardwareSpec) -> str:
     hosts of 4 (gpu-a4x-highgpu-4g-144 is 2x18x4, a partial rack of 8 GPUs 1x2x4)."""
     hosts = spec.devices_per_slice // spec.devices_per_host
     return f"{spec.slices}x{hosts}x{spec.devices_per_host}"
-
-
-@lru_cache(maxsize=1)
-def target_configs() -> dict[str, Path]:
-    """device_kind -> its target config file in configs/gpu_targets/ (by the file's
-    `device_description_str`, the device_kind its compile-only devices report)."""
-    found: dict[str, Path] = {}
-    for path in sorted(config_path("gpu_targets").glob("*.txtpb")):
-        kinds = _KIND.findall(path.read_text())
-        if len(kinds) != 1 or kinds[0] in found:
-            raise MeshConfigError(
-                f"configs/gpu_targets/{path.name}: device_description_str {kinds}; accepted: "
-                "exactly one, naming a device_kind no other file names"
-            )
-        found[kinds[0]] = path
-    return found
-
-
-def device_memory(device_kind: str) -> int | None:
-    """The total memory a GPU of this kind reports, in bytes (`device_memory_size` of its
-    target config); None for a kind without one."""
-    path = target_configs().get(device_kind)
-    found = _MEMORY.search(path.read_text()) if path is not None else None
-    return None if found is None else int(found[1])
 
 
 def target_config(spec: HardwareSpec) -> str:

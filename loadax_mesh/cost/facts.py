@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..catalogue import device_hbm
 from ..errors import MeshConfigError
+from ..gpu_targets import device_hbm
 from ..hardware import HardwareSpec
 
 

@@ -18,8 +18,8 @@ from loadax_mesh.catalogue import catalogue
 from loadax_mesh.cli import main
 from loadax_mesh.compile import compile_step
 from loadax_mesh.flops import attention_flops, step_flops
+from loadax_mesh.gpu_targets import device_memory
 from loadax_mesh.hlo import HloText
-from loadax_mesh.topology_gpu import device_memory
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import param_shapes, roles
 
