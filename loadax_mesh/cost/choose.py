@@ -80,7 +80,7 @@ def rank_meshes(
     batch = tuple(a for a in names if a in _BATCH)
     n, granules = spec.num_devices, spec.granules
     ranking = Ranking()
-    fitting: list[tuple[float, Roles, tuple[int, ...], tuple[int, ...]]] = []
+    fitting: list[tuple[tuple[float, float, int], Roles, tuple[int, ...], tuple[int, ...]]] = []
     smallest: int | None = None
     batch_ok = False
     for sizes in _factorisations(n, len(names)):
@@ -106,7 +106,7 @@ def rank_meshes(
                 continue
             ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
             factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
-            bound = estimate_parts(model, train, r, factors, {}, facts).step_seconds
+            bound = _key(estimate_parts(model, train, r, factors, {}, facts))
             fitting.append((bound, r, ici, dcn))
     if not batch_ok:
         raise MeshConfigError(
@@ -124,7 +124,7 @@ def rank_meshes(
     fitting.sort(key=lambda c: c[0])
     best: list[Choice] = []
     for bound, r, ici, dcn in fitting:
-        if len(best) >= top and bound >= best[top - 1].estimate.step_seconds:
+        if len(best) >= top and bound >= _key(best[top - 1].estimate):
             break  # perfect rings would not beat the top: neither will real ones
         config = ConfigFields(HybridMeshShape(ici, dcn), names, batch)
         plan = plan_config(config, devices, granule="auto", hardware=hardware)
@@ -133,14 +133,14 @@ def rank_meshes(
         found = estimate_parts(model, train, r, factors, efficiency, facts)
         ranking.planned += 1
         best.append(Choice(config, plan, found))
-        best.sort(key=_rank_key)
+        best.sort(key=lambda c: _key(c.estimate))
     ranking.extend(best[:top])
     return ranking
 
 
-def _rank_key(c: Choice) -> tuple[float, float, int]:
-    """Fastest first; among equals, the one that communicates least, then the smallest."""
-    e = c.estimate
+def _key(e: Estimate) -> tuple[float, float, int]:
+    """Fastest first; among equals, the one that communicates least, then the smallest. With
+    perfect rings each part is a lower bound of the planned one, so the key is one too."""
     return (e.step_seconds, sum(a.seconds for a in e.axes.values()), e.memory_bytes)
 
 

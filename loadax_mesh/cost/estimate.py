@@ -148,4 +148,4 @@ def _bottleneck(compute: float, hidden: float, axes: dict[str, AxisTraffic]) -> 
 
 
 def _where(a: AxisTraffic) -> str:
-    return "DCN" if a.dcn > 1 and a.dcn_bytes >= a.ici_bytes else "ICI"
+    return "DCN" if a.dcn > 1 else "ICI"

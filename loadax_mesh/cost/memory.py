@@ -88,8 +88,7 @@ def layer_weights(model: ModelSpec, m: int) -> int:
 def _intermediates(
     model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles
 ) -> dict[str, tuple[tuple[int, ...], int]]:
-    """One layer's forward intermediates on one device: name -> (shape, bytes per element).
-    Attention's operands have head_dim last: the dim their matmuls contract (see `stored`)."""
+    """One layer's forward intermediates on one device: name -> (shape, bytes per element)."""
     cd = dtype_bytes(train.compute_dtype)
     r, s, d, hd = sh.rows, sh.seq, model.d_model, model.head_dim
     found = {
@@ -109,6 +108,10 @@ def _intermediates(
         "gated": ((r, s, sh.mlp), cd),
         "down": ((r, s, d), cd),
     }
+    # The step normalises in float32: the backward pass of each norm holds its input widened.
+    found |= {"attention norm input": ((r, s, d), 4), "mlp norm input": ((r, s, d), 4)}
+    if roles.size("model") > 1:  # each tensor-parallel all-reduce has its own output buffer
+        found |= {"reduced attention": ((r, s, d), cd), "reduced mlp": ((r, s, d), cd)}
     if roles.size("seq") > 1:  # keys and values gathered along the sequence
         full = (r, model.seq_len, sh.kv_heads, hd)
         found |= {"gathered k": (full, cd), "gathered v": (full, cd)}
@@ -135,15 +138,24 @@ def layer_bytes(
     sh: Shapes,
     roles: Roles,
     tile: tuple[int, int] | None,
-    names: tuple[str, ...] | None = None,
+    *,
+    saved: bool,
 ) -> int:
-    """Bytes of one layer's intermediates (those named, default all) as stored."""
+    """Bytes of one layer's intermediates as stored: with `saved` those the remat policy keeps
+    for the backward pass, stacked over the layers in the layout their producer gave them
+    (head_dim minor for the attention kernel's operands); else all of them, as temporaries of
+    the layer being differentiated, which the compiler lays out freely."""
     found = _intermediates(model, train, sh, roles)
+    keep = _SAVED.get(train.remat, tuple(found)) if saved else tuple(found)
     return sum(
-        stored(shape, nbytes, tile, minor=-1 if shape[-1] == model.head_dim else None)
+        stored(shape, nbytes, tile, minor=-1 if saved and name in _KERNEL else None)
         for name, (shape, nbytes) in found.items()
-        if names is None or name in names
+        if name in keep
     )
+
+
+# The attention kernel's operands and result: head_dim is their minor dim.
+_KERNEL = ("rotated q", "rotated k", "v", "gathered k", "gathered v", "attention")
 
 
 def memory_terms(
@@ -162,16 +174,16 @@ def memory_terms(
         "optimizer": 2 * shard_bytes(model, roles, od, tile),
         "gradients": shard_bytes(model, roles, pd, tile),
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
-        "activations": model.num_layers
-        * layer_bytes(model, train, sh, roles, tile, _SAVED.get(train.remat)),
+        "activations": model.num_layers * layer_bytes(model, train, sh, roles, tile, saved=True),
         "logits": 2 * stored((sh.rows, sh.seq, sh.vocab), cd, tile),
         "embeddings": 2 * table,
-        "layer": 3 * layer + _WORKING[train.remat] * layer_bytes(model, train, sh, roles, tile),
+        "layer": 3 * layer
+        + _WORKING[train.remat] * layer_bytes(model, train, sh, roles, tile, saved=False),
     }
 
 
 PHASES = {
-    "backward head": ("activations", "logits", "embeddings"),
+    "backward head": ("activations", "gradients", "logits", "embeddings"),
     "layer loop": ("activations", "gradients", "layer"),
     "tail": ("gradients", "embeddings"),
 }

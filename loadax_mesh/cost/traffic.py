@@ -3,17 +3,21 @@
 Bytes are counted as the compiled program reports them (`compile.CompileReport`): the full
 buffer over the group (all-gather's result, reduce-scatter's input, the others' buffer), per
 device and per step. What each role's axis carries:
-- FSDP: every layer's weights gathered in the forward pass and again in the backward pass, and
-  its weight gradients reduced; the embedding tables gathered and their gradients reduced.
+- FSDP: every layer's weights gathered in the forward pass and again in the backward pass (and
+  once more for a full-remat recompute under tensor parallelism, where the compiler fuses the
+  gathers into the matmuls), and its weight gradients reduced; the embedding tables gathered
+  and their gradients reduced.
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
 - Tensor (`model`): per layer two all-reduces of the layer's output in the forward pass, two of
-  the input gradients in the backward pass and two more where full remat recomputes the
-  forward; one for the embedding lookup and one for the logits' input gradient.
+  the input gradients in the backward pass and one more where full remat recomputes the
+  forward (the attention half's: the layer's own output is not needed for its backward pass);
+  one for the embedding lookup and one for the logits' input gradient.
 - Sequence: per layer keys and values gathered along the sequence (forward, and again for a
   full-remat recompute) and their gradients reduce-scattered.
 An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase; the time
-of a phase is a ring's: (n - 1) / n of the bytes over the link (both directions of the ring where
-it closes, times the plan's ring efficiency) plus one latency per step.
+of a phase is a ring's: (n - 1) / n of the bytes over the link (both directions of an ICI ring,
+times the plan's ring efficiency; the device's share of its host's network across granules)
+plus one latency per step.
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ class AxisTraffic:
     ici: int
     dcn: int
     bytes: int  # per step, summed over collectives (as the compiler counts them)
-    ici_bytes: int  # of which the ICI phases carry
-    dcn_bytes: int  # and the DCN phases
+    across_granules: int  # of which cross granules: as `compile` splits them, a ring's steps
+    # between granules, dcn of its n = ici * dcn steps
     seconds: float
     exposed_seconds: float  # the part that cannot hide behind compute
     collectives: tuple[Collective, ...]
@@ -68,12 +72,15 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
     layer = layer_weights(model, m) * cd
     tables = (1 if model.tied_embeddings else 2) * sh.vocab * d * cd
     shard = model.num_params // (roles.size("fsdp") * m) * cd
-    forward = 3 if train.remat == "full" else 2  # passes that run each layer's forward
+    recompute = 1 if train.remat == "full" else 0  # a second forward pass of every layer
     found: list[Collective] = []
     if roles.fsdp is not None and roles.size("fsdp") > 1:
         a = roles.fsdp
+        # Under tensor parallelism the compiler fuses each gather into its matmul (a ring of
+        # collective-permutes), so the recomputed forward cannot reuse the backward's weights.
+        gathers = 2 + (recompute if m > 1 else 0)
         found += [
-            Collective(a, "all-gather", "layer weights", layer, 2 * L, True),
+            Collective(a, "all-gather", "layer weights", layer, gathers * L, True),
             Collective(a, "reduce-scatter", "layer weight gradients", layer, L, True),
             Collective(a, "all-gather", "embedding tables", tables, 1, True),
             Collective(a, "reduce-scatter", "embedding gradients", tables, 1, True),
@@ -83,14 +90,16 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
             found.append(Collective(a, "all-reduce", "gradient shards", shard, 1, True))
     if roles.model is not None and m > 1:
         activation = sh.tokens * d * cd
-        runs = L * 2 * (forward - 1) + L * 2 + 2
+        # forward 2, backward 2, and a recompute needs only the attention half's (the layer's
+        # output is not an input of its own backward pass)
+        runs = L * (4 + recompute) + 2
         found.append(
             Collective(roles.model, "all-reduce", "layer outputs", activation, runs, False)
         )
     if roles.seq is not None and roles.size("seq") > 1:
         kv = 2 * sh.rows * model.seq_len * sh.kv_heads * model.head_dim * cd
         found += [
-            Collective(roles.seq, "all-gather", "keys and values", kv, L * (forward - 1), False),
+            Collective(roles.seq, "all-gather", "keys and values", kv, L * (1 + recompute), False),
             Collective(roles.seq, "reduce-scatter", "key and value gradients", kv, L, False),
         ]
     return found
@@ -110,12 +119,10 @@ def axis_traffic(
     for axis, _ in roles.sizes:
         ici, dcn = factors[axis]
         mine = tuple(c for c in found if c.axis == axis)
-        ici_bytes = dcn_bytes = 0
+        total = sum(c.bytes * c.count for c in mine)
         seconds = exposed = 0.0
         for c in mine:
-            ib, db, t = _phases(c, ici, dcn, efficiency.get(axis, 1.0), facts)
-            ici_bytes += ib * c.count
-            dcn_bytes += db * c.count
+            t = _seconds(c, ici, dcn, efficiency.get(axis, 1.0), facts)
             seconds += t * c.count
             exposed += 0.0 if c.overlaps else t * c.count
         out[axis] = AxisTraffic(
@@ -123,9 +130,8 @@ def axis_traffic(
             role=role.get(axis, "data" if axis in roles.batch else "none"),
             ici=ici,
             dcn=dcn,
-            bytes=ici_bytes + dcn_bytes,
-            ici_bytes=ici_bytes,
-            dcn_bytes=dcn_bytes,
+            bytes=total,
+            across_granules=total // ici if dcn > 1 else 0,
             seconds=seconds,
             exposed_seconds=exposed,
             collectives=mine,
@@ -133,24 +139,20 @@ def axis_traffic(
     return out
 
 
-def _phases(
-    c: Collective, ici: int, dcn: int, efficiency: float, facts: DeviceFacts
-) -> tuple[int, int, float]:
-    """(ICI bytes, DCN bytes, seconds) of one run. An all-gather gathers inside granules first
-    (the ICI phase's buffer is 1/dcn of the whole), a reduce-scatter reduces across granules last;
-    an all-reduce is a reduce-scatter then an all-gather over both."""
+def _seconds(c: Collective, ici: int, dcn: int, efficiency: float, facts: DeviceFacts) -> float:
+    """Seconds of one run: an ICI phase over the granule's members, then a DCN phase across
+    granules. An all-gather's ICI phase gathers 1/dcn of the buffer (a reduce-scatter's
+    reduces it last); an all-reduce is a reduce-scatter and an all-gather over both."""
     factor = 2 if c.kind == "all-reduce" else 1
-    ici_buffer = c.bytes // dcn if c.kind != "all-reduce" else c.bytes
-    ici_bytes = ici_buffer if ici > 1 else 0
-    dcn_bytes = c.bytes if dcn > 1 else 0
     seconds = 0.0
     if ici > 1:
+        inside = c.bytes if c.kind == "all-reduce" else c.bytes // dcn
         bandwidth = facts.need("ici_bandwidth") * 2 * max(efficiency, 1e-9)
-        seconds += factor * (ici - 1) * (ici_buffer / ici / bandwidth + facts.need("ici_latency"))
+        seconds += factor * (ici - 1) * (inside / ici / bandwidth + facts.need("ici_latency"))
     if dcn > 1:
         seconds += (
             factor
             * (dcn - 1)
             * (c.bytes / dcn / facts.need("dcn_bandwidth") + facts.need("dcn_latency"))
         )
-    return ici_bytes, dcn_bytes, seconds
+    return seconds

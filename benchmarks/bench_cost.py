@@ -1,0 +1,167 @@
+"""The cost model against the compiler: estimate and compiled step side by side.
+
+For each case the plan is made on the compile-only devices (libtpu for TPU, XLA's CUDA client
+for GPU), `estimate` reads it, and `compile_step` compiles the reference step for it. Printed:
+memory per device (estimate / compiled), whether both say it fits, and per mesh axis the
+collective bytes per step (estimate / compiled). Collectives the compiler runs over several axes
+at once join those axes into one row. GPU rows also compare the bytes that cross granules
+(NVLink domains). Targets: memory within 20%, fits agreeing, bytes within 25%.
+
+    python benchmarks/bench_cost.py [--cache DIR] [--only SUBSTRING] [--markdown]
+
+`--cache DIR` keeps each compile report as JSON and reuses it (compiles take minutes here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from loadax_mesh import MeshConfig
+from loadax_mesh.cost import estimate
+from loadax_mesh.topology import topology_devices
+from loadax_mesh.workload import ModelSpec, TrainSpec
+
+# (hardware, preset, model, global batch, remat)
+CASES = [
+    ("tpu-v5litepod-8", "fsdp", "tiny", 64, "full"),
+    ("tpu-v5litepod-8", "fsdp_tp", "tiny", 64, "dots"),
+    ("tpu-v5p-16", "dp_sp", "tiny", 32, "none"),
+    ("tpu-v6e-64", "fsdp", "llama2-7b", 64, "full"),
+    ("tpu-v5p-128", "fsdp", "llama3-8b", 64, "full"),
+    ("tpu-v5p-128", "fsdp", "llama3-8b", 64, "dots"),
+    ("tpu-v5p-128", "fsdp_tp", "llama3-8b", 64, "full"),
+    ("tpu-v5litepod-256", "fsdp", "llama3-8b", 256, "full"),
+    ("tpu-v5litepod-256-2", "fsdp", "llama3-8b", 512, "full"),
+    ("tpu-v5litepod-8", "fsdp", "llama3-8b", 8, "full"),
+    ("tpu-v5p-1024", "fsdp", "llama3-70b", 512, "full"),
+    ("tpu-v5p-1024", "fsdp_tp", "llama3-70b", 512, "full"),
+    ("tpu-v5litepod-256", "fsdp", "llama3-70b", 256, "full"),
+    ("gpu-p5.48xlarge-16", "fsdp", "tiny", 64, "full"),
+    ("gpu-p5.48xlarge-16", "hsdp", "llama3-8b", 16, "full"),
+    ("gpu-p5.48xlarge-64", "fsdp", "llama3-8b", 64, "full"),
+    ("gpu-p5.48xlarge-512", "fsdp_tp", "llama3-70b", 512, "full"),
+    ("gpu-p4de.24xlarge-32", "fsdp", "llama2-7b", 32, "full"),
+    ("gpu-a4-highgpu-8g-16", "hsdp", "llama3-8b", 32, "full"),
+    ("gpu-a4x-highgpu-4g-144", "fsdp_tp", "llama3-70b", 144, "full"),
+]
+TARGETS = {"memory": 0.20, "bytes": 0.25}
+
+
+def compiled(case: tuple[Any, ...], plan: Any, cache: Path | None) -> dict[str, Any]:
+    """The compile report of a case as plain data (from the cache when it has it)."""
+    from loadax_mesh.compile import compile_step
+
+    path = None if cache is None else cache / ("_".join(map(str, case)) + ".json")
+    if path is not None and path.exists():
+        return json.loads(path.read_text())
+    _, _, name, batch, remat = case
+    train = TrainSpec(global_batch=batch, remat=remat)
+    report = compile_step(plan, ModelSpec.from_name(name), train).to_dict()
+    if path is not None:
+        path.write_text(json.dumps(report))
+    return report
+
+
+def clusters(report: dict[str, Any], axes: list[str]) -> list[tuple[str, ...]]:
+    """Axes joined where the compiler runs a collective over several of them at once (more
+    than 1% of its bytes): each such set is compared as one row."""
+    total = sum(c["bytes"] * c["count"] for c in report["collectives"]) or 1
+    groups = [{a} for a in axes]
+    for c in report["collectives"]:
+        spans = set(c["spans"])
+        if len(spans) > 1 and c["bytes"] * c["count"] > 0.01 * total:
+            joined = [g for g in groups if g & spans]
+            groups = [g for g in groups if not g & spans] + [set().union(*joined, spans)]
+    return [tuple(a for a in axes if a in g) for g in groups]
+
+
+def compare(case: tuple[Any, ...], cache: Path | None) -> dict[str, Any]:
+    hardware, preset, name, batch, remat = case
+    plan = MeshConfig.from_preset(preset).plan(topology_devices(hardware))
+    model = ModelSpec.from_name(name)
+    est = estimate(plan, model, TrainSpec(global_batch=batch, remat=remat))
+    start = time.perf_counter()
+    report = compiled(case, plan, cache)
+    rows = []
+    for group in clusters(report, list(plan.axis_names)):
+        mine = [c for c in report["collectives"] if c["spans"] and set(c["spans"]) <= set(group)]
+        got = sum(c["bytes"] * c["count"] for c in mine)
+        want = sum(est.axes[a].bytes for a in group)
+        across = sum((c.get("across_granules") or 0) * c["count"] for c in mine)
+        want_across = sum(est.axes[a].across_granules for a in group)
+        if got or want:
+            rows.append((",".join(group), want, got, want_across, across))
+    return {
+        "case": case,
+        "mesh": "x".join(f"{k}{v}" for k, v in plan.shape.items() if v > 1),
+        "memory": (est.memory_bytes, report["total_bytes"]),
+        "fits": (est.fits, report["fits"]),
+        "axes": rows,
+        "gpu": hardware.startswith("gpu"),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _ratio(want: float, got: float) -> str:
+    return "-" if not got else f"{want / got:.2f}"
+
+
+def _ok(want: float, got: float, tolerance: float) -> bool:
+    return (not got and not want) or (bool(got) and abs(want / got - 1) <= tolerance)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, help="keep compile reports here as JSON")
+    parser.add_argument("--only", default="", help="run the cases whose name contains this")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    if args.cache:
+        args.cache.mkdir(parents=True, exist_ok=True)
+    lines = []
+    misses = []
+    for case in CASES:
+        if args.only not in "_".join(map(str, case)):
+            continue
+        r = compare(case, args.cache)
+        (want, got), (fit_est, fit_comp) = r["memory"], r["fits"]
+        ok = _ok(want, got, TARGETS["memory"]) and fit_est == fit_comp
+        axes = []
+        for group, b_want, b_got, a_want, a_got in r["axes"]:
+            good = _ok(b_want, b_got, TARGETS["bytes"])
+            text = f"{group} {b_want / 1e9:.2f}/{b_got / 1e9:.2f} GB ({_ratio(b_want, b_got)})"
+            if r["gpu"] and (a_want or a_got):
+                good &= _ok(a_want, a_got, TARGETS["bytes"])
+                text += f", across granules {a_want / 1e9:.2f}/{a_got / 1e9:.2f}"
+            axes.append(text + ("" if good else " MISS"))
+            ok &= good
+        hardware, preset, name, batch, remat = r["case"]
+        cells = [
+            hardware, preset, r["mesh"], name, str(batch), remat,
+            f"{want / 1e9:.2f}/{got / 1e9:.2f} ({_ratio(want, got)})",
+            f"{fit_est}/{fit_comp}", "; ".join(axes) or "-", "ok" if ok else "MISS",
+        ]  # fmt: skip
+        lines.append(cells)
+        if not ok:
+            misses.append(cells[0:6])
+        print(" | ".join(cells), f"[{r['seconds']:.0f} s]", flush=True)
+    print(f"\n{platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+    print(f"{len(lines) - len(misses)} of {len(lines)} cases meet every target")
+    if args.markdown:
+        header = ["hardware", "preset", "mesh", "model", "batch", "remat"]
+        header += ["memory GB est/compiled", "fits est/compiled", "bytes per axis est/compiled", ""]
+        print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+        for cells in lines:
+            print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
