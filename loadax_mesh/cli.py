@@ -8,76 +8,29 @@ jax. Bad input prints one line, `loadax-mesh: error: ...`, and exits with code 2
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .cli_args import (
+    PLAN_FLAGS,
+    Parser,
+    UsageError,
+    config_from_args,
+    plan_with_notes,
+    print_json,
+)
 from .errors import MeshConfigError
 
 if TYPE_CHECKING:
-    from .config import MeshConfig
+    from .cost import Ranking
     from .plan import MeshPlan
 
 PROG = "loadax-mesh"
 MAX_DEVICE_LINES = 64
 
 
-class UsageError(Exception):
-    """A command line argparse rejects; reported like a MeshConfigError."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Let shapes such as `-1,8` be values, not options (argparse only allows `-1`).
-        self._negative_number_matcher = re.compile(r"^-\d[-\d,. ]*$")
-
-    def error(self, message: str) -> Any:  # argparse would print usage and exit
-        raise UsageError(message)
-
-
-def _positive_int(text: str) -> int:
-    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
-
-
-_PLAN_HELP: dict[str, tuple[dict[str, Any], str]] = {  # flag: (argparse options, help)
-    "--devices": (
-        {"choices": ["local", "aot", "libtpu"]},
-        "local: this machine's jax.devices(), not HARDWARE; aot: HARDWARE's real devices from "
-        "the compile-only client (libtpu for TPU, XLA's CUDA client for GPU; default for "
-        "compile); libtpu: the same, TPU strings only",
-    ),
-    "--strategy": (
-        {"metavar": "PRESET"},
-        "a preset (`loadax-mesh presets`); its rules pick the shape",
-    ),
-    "--set": (
-        {"dest": "overrides", "action": "append", "default": [], "metavar": "AXIS=SIZE"},
-        "override a preset axis size, e.g. tp=8 (repeatable)",
-    ),
-    "--shape": ({}, "mesh shape such as 16,16 or -1,8 (no rules); the ICI part with --dcn-shape"),
-    "--dcn-shape": ({}, "the DCN part of a hybrid shape, e.g. 4,1"),
-    "--axes": ({}, "axis names for --shape, e.g. data,model"),
-    "--batch-axes": ({}, "batch axes, e.g. data,fsdp (default: the preset's, else the first)"),
-    "--granule": (
-        {"default": "auto", "choices": ["auto", "slice", "process", "none"]},
-        "what one ICI island is (default: auto)",
-    ),
-    "--global-batch": (
-        {"type": _positive_int, "metavar": "N"},
-        "show the rows of an N-row global batch each host loads",
-    ),
-    "--svg": ({"metavar": "FILE"}, "also write the device grid picture as SVG"),
-    "--color": (
-        {"default": "auto", "choices": ["auto", "always", "never"]},
-        "ANSI colours in the grid (auto: when stdout is a terminal)",
-    ),
-}
 _COMMANDS = {
     "plan": "plan a mesh for a hardware string (simulated; jax is not imported) or for "
     "--devices local",
@@ -87,6 +40,8 @@ _COMMANDS = {
     "compile": "compile the reference training step for a plan (the real TPU or GPU compiler "
     "for a TPU or GPU string, no accelerator needed; or --devices local) and report memory, "
     "fit, FLOPs and collectives",
+    "estimate": "the cost model's estimate of the reference step on a plan: memory terms, "
+    "compute, collectives per axis, step time, MFU and the bottleneck (no jax)",
     "models": "the model catalogue for compile and the cost model",
     "launch": "N local processes joined by jax.distributed: launch --nprocs N "
     "--devices-per-process K -- CMD ...",
@@ -94,7 +49,7 @@ _COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Plan JAX device meshes over ICI and DCN.")
+    parser = Parser(prog=PROG, description="Plan JAX device meshes over ICI and DCN.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runs = dict(
         plan=_cmd_plan,
@@ -102,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         presets=_cmd_presets,
         devices=_cmd_devices,
         compile=_cmd_compile,
+        estimate=_cmd_estimate,
         models=_cmd_models,
     )
     for name, text in _COMMANDS.items():
@@ -109,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name in runs:
             command.set_defaults(run=runs[name])
             command.add_argument("--format", default="text", choices=["text", "json"])
-    from .cli_compile import COMPILE_FLAGS
+    from .cli_compile import WORKLOAD_FLAGS
 
-    for name, extra in (("plan", {}), ("compile", COMPILE_FLAGS)):
+    for name in ("plan", "compile", "estimate"):
         command = sub.choices[name]
         command.add_argument(
             "hardware",
@@ -120,11 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="e.g. tpu-v5p-512, "
             "tpu-v5litepod-256-4, gpu-p5.48xlarge-256, cpu-2x4 (`loadax-mesh hardware`)",
         )
-        for flag, (options, text) in {**_PLAN_HELP, **extra}.items():
-            if not (name == "compile" and flag in ("--global-batch", "--svg", "--color")):
-                command.add_argument(flag, **options, help=text)
-        if name == "compile":
-            command.add_argument("--global-batch", **extra["--global-batch"][0])
+        for flag, (options, text) in {**PLAN_FLAGS, **WORKLOAD_FLAGS}.items():
+            if name != "plan" and flag in ("--svg", "--color"):
+                continue
+            if name != "plan" and flag == "--global-batch":
+                text = "sequences per step over the whole job"
+            command.add_argument(flag, **options, help=text)
     return parser
 
 
@@ -158,11 +115,23 @@ def _error(message: str) -> None:
 # -- plan -----------------------------------------------------------------------------------
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
+def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | None]:
+    """The plan the flags describe, the notes that explain it, and (`--strategy auto`) the
+    ranking its shape won."""
     devices, selector = _devices(args)
-    config, source = _config(args, selector)
+    ranking = None
+    if args.strategy == "auto":
+        from .cli_cost import auto_config
+
+        config, ranking, source = auto_config(args)
+    else:
+        config, source = config_from_args(args, selector)
     notes = [source, *_device_notes(devices)]
-    plan = _plan_with_notes(config, devices, selector, args.granule, notes)
+    return plan_with_notes(config, devices, selector, args.granule, notes), notes, ranking
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    plan, notes, ranking = _planned(args)
     if args.devices == "local":
         import jax
 
@@ -186,11 +155,19 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             "host_rows": None if rows is None else [r.to_dict() for r in rows],
             "svg": args.svg,
         }
-        _print_json(data)
+        if ranking is not None:
+            from .cli_cost import ranking_data
+
+            data["ranking"] = ranking_data(ranking)
+        print_json(data)
         return 0
     text = render.render_text(
         plan, global_batch=args.global_batch, color=_use_color(args.color), notes=tuple(notes)
     )
+    if ranking is not None:
+        from .cli_cost import ranking_text
+
+        text = ranking_text(ranking) + "\n\n" + text
     print(text + (f"\n\nsvg        wrote {args.svg}" if args.svg else ""))
     return 0
 
@@ -235,141 +212,27 @@ def _device_notes(devices: Any) -> list[str]:
 def _cmd_compile(args: argparse.Namespace) -> int:
     from .cli_compile import compile_command
 
-    devices, selector = _devices(args)
-    config, source = _config(args, selector)
-    notes = [source, *_device_notes(devices)]
-    plan = _plan_with_notes(config, devices, selector, args.granule, notes)
-    return compile_command(args, plan, notes, _print_json)
+    plan, notes, _ = _planned(args)
+    return compile_command(args, plan, notes, print_json)
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from .cli_cost import estimate_command
+
+    plan, notes, _ = _planned(args)
+    return estimate_command(args, plan, notes, print_json)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
     from .cli_compile import models_command
 
-    return models_command(args, _print_json)
-
-
-def _config(args: argparse.Namespace, selector: str) -> tuple[MeshConfig, str]:
-    """The MeshConfig the flags describe, and a sentence saying where its shape comes from."""
-    from .config import MeshConfig
-    from .render import show_shape
-    from .shapes import HybridMeshShape
-
-    if args.shape is None:
-        for flag in ("dcn_shape", "axes"):
-            if getattr(args, flag) is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} needs --shape")
-    if args.strategy is None:
-        if args.shape is None:
-            raise UsageError(
-                f"plan needs --strategy (one of {_preset_names()}) or --shape with --axes"
-            )
-        if args.axes is None:
-            raise UsageError("--shape needs --axes (or a --strategy whose axes it uses)")
-        if args.overrides:
-            raise UsageError("--set needs --strategy")
-    preset = None
-    if args.strategy is not None:
-        preset = MeshConfig.from_preset(args.strategy, **_overrides(args.overrides))
-    if args.axes is not None:
-        axes = _names(args.axes, "--axes")
-    else:
-        assert preset is not None
-        axes = preset.mesh_axis_names
-    batch: Any = (
-        _names(args.batch_axes, "--batch-axes")
-        if args.batch_axes
-        else preset.batch_axis_names
-        if preset is not None
-        else axes[0]
-    )
-    if args.shape is not None:
-        shape: Any = _ints(args.shape, "--shape")
-        if args.dcn_shape is not None:
-            shape = HybridMeshShape(shape, _ints(args.dcn_shape, "--dcn-shape"))
-        config = MeshConfig(shape, axes, batch)
-        return config, f"shape {show_shape(config.mesh_shape)} from --shape"
-    assert preset is not None
-    config = MeshConfig(preset.mesh_shape, axes, batch, preset.mesh_rules)
-    rules = config.mesh_rules or ()
-    for regex, _value in rules:
-        if re.fullmatch(regex, selector):
-            return config, (
-                f"preset {args.strategy}: rule '{regex}' matches {selector}, shape "
-                f"{show_shape(config.select(selector).mesh_shape)}"
-            )
-    return config, (
-        f"preset {args.strategy}: none of its {len(rules)} mesh rules matches "
-        f"{selector}, so its default shape {show_shape(config.mesh_shape)} is used"
-    )
-
-
-def _plan_with_notes(
-    config: MeshConfig, devices: list[Any], selector: str, granule: str, notes: list[str]
-) -> MeshPlan:
-    """Plan, turning the planner's logged warnings into notes of the report."""
-    logger = logging.getLogger("loadax_mesh")
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            notes.append(record.getMessage().removeprefix("loadax_mesh: "))
-
-    handler, propagate = Collect(logging.WARNING), logger.propagate
-    logger.addHandler(handler)
-    logger.propagate = False
-    try:
-        return config.plan(devices, selector=selector, granule=granule)
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
-
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    parts = text.strip().split(",")
-    for part in parts:
-        if not re.fullmatch(r"-?[0-9]+", part.strip()):
-            raise UsageError(
-                f"{flag}={text!r}: {part!r} is not an integer; accepted: integers "
-                "separated by commas, such as 16,16 or -1,8"
-            )
-    return tuple(int(p) for p in parts)
-
-
-def _names(text: str, flag: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(","))
-    if not all(names):
-        raise UsageError(
-            f"{flag}={text!r} holds an empty name; accepted: names separated by "
-            "commas, such as data,model"
-        )
-    return names
-
-
-def _overrides(items: list[str]) -> dict[str, int]:
-    result = {}
-    for item in items:
-        match = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(-?[0-9]+)\s*", item)
-        if match is None:
-            raise UsageError(f"--set {item!r}; accepted: AXIS=SIZE such as tp=8")
-        result[match[1]] = int(match[2])
-    return result
+    return models_command(args, print_json)
 
 
 def _use_color(mode: str) -> bool:
     if mode != "auto":
         return mode == "always"
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-
-
-def _print_json(data: Any) -> None:
-    import json
-
-    print(json.dumps(data, indent=1))
-
-
-def _preset_names() -> str:
-    from .presets import list_presets
-
-    return ", ".join(list_presets())
 
 
 # -- hardware, presets, devices ---------------------------------------------------------------
@@ -381,7 +244,7 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
 
     types = list_hardware()
     if args.format == "json":
-        _print_json([render.hardware_data(t) for t in types])
+        print_json([render.hardware_data(t) for t in types])
     else:
         print(render.hardware_text(types))
     return 0
@@ -393,7 +256,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
     presets = [get_preset(name) for name in list_presets()]
     if args.format == "json":
-        _print_json(render.presets_data(presets))
+        print_json(render.presets_data(presets))
     else:
         print(render.presets_text(presets))
     return 0
@@ -435,7 +298,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     if args.format == "json":
         process = {"process_index": jax.process_index(), "process_count": jax.process_count()}
         found = {"hardware": selector, "catalogue_miss": miss or None}
-        _print_json({**found, **process, "devices": records})
+        print_json({**found, **process, "devices": records})
         return 0
     rows = [keys] + [[r[k] for k in keys] for r in records[:MAX_DEVICE_LINES]]
     n = len(devices)

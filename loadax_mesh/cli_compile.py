@@ -15,12 +15,10 @@ if TYPE_CHECKING:
     from .compile import CompileReport
     from .plan import MeshPlan
 
-COMPILE_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
-    "--model": ({"required": True, "metavar": "M"}, "a model (`loadax-mesh models`)"),
-    "--global-batch": (
-        {"required": True, "type": int, "metavar": "B"},
-        "sequences per step over the whole job",
-    ),
+# The workload flags of `compile`, `estimate` and `plan --strategy auto` (where --model is
+# needed only for auto and --global-batch is the plan's own flag).
+WORKLOAD_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
+    "--model": ({"metavar": "M"}, "a model (`loadax-mesh models`)"),
     "--remat": (
         {"default": "full", "choices": ["full", "dots", "none"]},
         "what the backward pass recomputes (default: full, only layer inputs are saved)",
@@ -56,11 +54,10 @@ def models_command(args: argparse.Namespace, print_json: Callable[[Any], None]) 
 def compile_command(
     args: argparse.Namespace, plan: MeshPlan, notes: list[str], print_json: Callable[[Any], None]
 ) -> int:
+    from .cli_cost import specs
     from .compile import compile_step
-    from .workload import ModelSpec, TrainSpec
 
-    model = ModelSpec.from_name(args.model)
-    train = TrainSpec(global_batch=args.global_batch, remat=args.remat, attention=args.attention)
+    model, train = specs(args)
     with _progress(f"compiling {model.name} for {plan.hardware or 'these devices'}"):
         report = compile_step(plan, model, train)
     if args.format == "json":

@@ -154,12 +154,14 @@ def choose_mesh(
     *,
     axes: Sequence[str] = ("data", "fsdp", "seq", "model"),
     top: int = 5,
+    headroom: float = 0.1,
 ) -> Ranking:
     """The `top` meshes of `axes` for `model` on `hardware` that fit, fastest first by the cost
-    model (`loadax_mesh.cost`); each Choice carries its MeshConfig, MeshPlan and Estimate."""
+    model (`loadax_mesh.cost`), leaving `headroom` of the HBM free; each Choice carries its
+    MeshConfig, MeshPlan and Estimate."""
     from .cost.choose import rank_meshes
 
-    ranking = rank_meshes(hardware, model, train, axes=axes, top=top)
+    ranking = rank_meshes(hardware, model, train, axes=axes, top=top, headroom=headroom)
     for k, c in enumerate(ranking):
         config = MeshConfig(
             c.config.mesh_shape, c.config.mesh_axis_names, c.config.batch_axis_names
