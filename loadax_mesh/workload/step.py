@@ -134,7 +134,12 @@ class Step:
         """Mean next-token cross-entropy (float32) over the batch."""
         cdt = jnp.dtype(self.train.compute_dtype)
         act = self.spec(("batch", "seq", None))
-        x = jnp.take(params["embed"].astype(cdt), batch["tokens"], axis=0)
+        # The table gathered over FSDP first: the lookup's output then comes out sharded by
+        # batch, and its gradient is reduce-scattered back, as for every other weight.
+        table = jax.lax.with_sharding_constraint(
+            params["embed"].astype(cdt), self.spec(("vocab", None))
+        )
+        x = jnp.take(table, batch["tokens"], axis=0)
         x = jax.lax.with_sharding_constraint(x, act)
         layers = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
         layer: Callable[..., Any] = partial(self._layer, act=act)
