@@ -158,6 +158,11 @@ def layer_bytes(
 _KERNEL = ("rotated q", "rotated k", "v", "gathered k", "gathered v", "attention")
 
 
+def _data_parallel(roles: Roles) -> bool:
+    sizes = dict(roles.sizes)
+    return any(sizes[a] > 1 and a != roles.fsdp for a in roles.batch)
+
+
 def memory_terms(
     model: ModelSpec, train: TrainSpec, roles: Roles, tile: tuple[int, int] | None
 ) -> dict[str, int]:
@@ -173,6 +178,9 @@ def memory_terms(
         "params": shard_bytes(model, roles, pd, tile),
         "optimizer": 2 * shard_bytes(model, roles, od, tile),
         "gradients": shard_bytes(model, roles, pd, tile),
+        # Across data-parallel axes the gradient shards are reduced in the compute dtype: a
+        # second set of them, stacked over the layers like the float32 one.
+        "reduced gradients": shard_bytes(model, roles, cd, tile) if _data_parallel(roles) else 0,
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
         "activations": model.num_layers * layer_bytes(model, train, sh, roles, tile, saved=True),
         "logits": 2 * stored((sh.rows, sh.seq, sh.vocab), cd, tile),
@@ -184,8 +192,8 @@ def memory_terms(
 
 PHASES = {
     "backward head": ("activations", "gradients", "logits", "embeddings"),
-    "layer loop": ("activations", "gradients", "layer"),
-    "tail": ("gradients", "embeddings"),
+    "layer loop": ("activations", "gradients", "reduced gradients", "layer"),
+    "tail": ("gradients", "reduced gradients", "embeddings"),
 }
 ALWAYS = ("params", "optimizer", "batch")
 
