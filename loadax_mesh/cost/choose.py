@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import product
-from typing import Any
 
 from ..config_data import ConfigFields
 from ..errors import MeshConfigError
@@ -99,7 +99,8 @@ def rank_meshes(
             _count(ranking.pruned, "the model or batch does not divide", splits)
             continue
         batch_ok = True
-        peak = sum(_at_peak(model, train, r, facts.tile).values())
+        terms = memory_terms(model, train, r, facts.tile)
+        peak = sum(terms[k] for k in phases(terms)[1])
         for dcn in _dcn_splits(sizes, granules):
             ranking.considered += 1
             if any(d > 1 and a in (r.model, r.seq) for a, d in zip(names, dcn, strict=True)):
@@ -111,7 +112,7 @@ def rank_meshes(
                 continue
             ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
             factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
-            bound = _key(estimate_parts(model, train, r, factors, {}, facts))
+            bound = _key(estimate_parts(model, train, r, factors, {}, facts, terms=terms))
             fitting.append((bound, r, ici, dcn))
     if not batch_ok:
         raise MeshConfigError(
@@ -168,12 +169,6 @@ def _check_axes(axes: Sequence[str], top: int) -> tuple[str, ...]:
     return names
 
 
-def _at_peak(model: ModelSpec, train: TrainSpec, r: Roles, tile: Any) -> dict[str, int]:
-    terms = memory_terms(model, train, r, tile)
-    live = phases(terms)[1]
-    return {k: v for k, v in terms.items() if k in live}
-
-
 def _factorisations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
     """Every ordered way of writing n as a product of `parts` positive ints."""
     if parts == 1:
@@ -196,6 +191,7 @@ def _splits(sizes: tuple[int, ...], granules: int) -> int:
     return sum(1 for _ in _dcn_splits(sizes, granules))
 
 
+@cache
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})

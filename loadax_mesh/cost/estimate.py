@@ -85,9 +85,12 @@ def estimate_parts(
     factors: dict[str, tuple[int, int]],
     efficiency: dict[str, float],
     facts: DeviceFacts,
+    *,
+    terms: dict[str, int] | None = None,
 ) -> Estimate:
-    """The estimate from its parts (what `choose_mesh` varies without building a plan)."""
-    terms = memory_terms(model, train, r, facts.tile)
+    """The estimate from its parts (what `choose_mesh` varies without building a plan);
+    `terms` are the memory terms when already computed (they do not depend on the plan)."""
+    terms = terms if terms is not None else memory_terms(model, train, r, facts.tile)
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
     flops, model_flops = step_flops(model, train, r)

@@ -1,0 +1,83 @@
+"""How fast `choose_mesh` answers, up to the full 8,960-chip v5p pod (16x20x28).
+
+No peer computes a mesh (AXLearn and MaxText hand-write theirs), so each search is set beside
+the unit it is made of: planning one mesh (the winner's) on the same devices and estimating
+it. Reports the search's time (median of rounds, warm: catalogue and models already read), how
+many shapes and splits it considered, how many it planned, and the cold time of a fresh process
+(imports included) for the largest case. Target: under 2 s for 8,960 chips.
+
+    python benchmarks/bench_choose.py [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from loadax_mesh import choose_mesh, simulate_devices
+from loadax_mesh.cost import estimate
+from loadax_mesh.workload import ModelSpec, TrainSpec
+
+# (hardware, model, global batch)
+CASES = [
+    ("tpu-v5p-128", "llama3-8b", 64),
+    ("tpu-v5litepod-256-4", "llama3-8b", 1024),
+    ("gpu-p5.48xlarge-512", "llama3-70b", 512),
+    ("tpu-v5p-1024", "llama3-70b", 512),
+    ("tpu-v5p-17920", "llama3-70b", 8960),
+    ("tpu-v5p-17920", "llama3-405b", 4480),
+]
+
+
+def median_seconds(fn: Callable[[], object], rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(hardware: str, name: str, batch: int, rounds: int) -> str:
+    """One table row: search time, the unit's time, the search's counts and its winner."""
+    model, train = ModelSpec.from_name(name), TrainSpec(global_batch=batch)
+    devices = simulate_devices(hardware)
+    ranking = choose_mesh(hardware, model, train)
+    config = ranking[0].config
+    search = median_seconds(lambda: choose_mesh(hardware, model, train), rounds)
+    unit = median_seconds(
+        lambda: estimate(config.plan(devices, selector=hardware), model, train), rounds
+    )
+    winner = " x ".join(f"{a}={s}" for a, s in ranking[0].estimate.mesh.items() if s > 1)
+    return (
+        f"{hardware} | {name} | {batch} | {search:.3f} | {unit:.3f} | {ranking.considered} | "
+        f"{ranking.planned} | {winner}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    print(
+        "hardware | model | batch | choose s | one plan+estimate s | considered | planned | winner"
+    )
+    for case in CASES:
+        print(measure(*case, args.rounds), flush=True)
+    code = (
+        "from loadax_mesh import choose_mesh, ModelSpec, TrainSpec; "
+        "choose_mesh('tpu-v5p-17920', ModelSpec.from_name('llama3-70b'), "
+        "TrainSpec(global_batch=8960))"
+    )
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    print(f"\ncold, a fresh process (imports included), 8,960 chips: "
+          f"{time.perf_counter() - start:.2f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
