@@ -1,0 +1,69 @@
+"""`loadax-mesh models`, `estimate` and `plan/compile --strategy auto`, in-process."""
+
+from __future__ import annotations
+
+import json
+
+from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
+from loadax_mesh.cli import main
+from loadax_mesh.cost import estimate
+from loadax_mesh.workload import ModelSpec, TrainSpec, list_models
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_models(capsys):
+    code, out, _ = run(capsys, "models", "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and [m["name"] for m in data] == list_models()
+    assert {m["name"]: m["num_params"] for m in data}["llama3-8b"] == 8_030_261_248
+    code, out, _ = run(capsys, "models")
+    assert code == 0 and "llama3-405b" in out and "405.85B" in out
+
+
+def test_estimate_matches_the_api(capsys):
+    argv = ["estimate", "tpu-v5p-512", "--strategy", "fsdp", "--model", "llama3-8b"]
+    code, out, _ = run(capsys, *argv, "--global-batch", "256", "--format", "json")
+    data = json.loads(out)
+    plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5p-512"))
+    want = estimate(plan, ModelSpec.from_name("llama3-8b"), TrainSpec(global_batch=256))
+    assert code == 0 and data["memory_bytes"] == want.memory_bytes
+    assert data["axes"]["fsdp"]["bytes"] == want.axes["fsdp"].bytes
+    code, out, _ = run(capsys, *argv, "--global-batch", "256")
+    assert code == 0 and "bottleneck" in out and "fsdp" in out and "MFU" in out
+
+
+def test_estimate_needs_a_model_and_batch(capsys):
+    code, _, err = run(capsys, "estimate", "tpu-v5p-16", "--strategy", "fsdp", "--model", "tiny")
+    assert code == 2 and "--global-batch" in err
+    code, _, err = run(
+        capsys, "estimate", "tpu-v5p-16", "--strategy", "fsdp", "--model", "gpt5",
+        "--global-batch", "8",
+    )  # fmt: skip
+    assert code == 2 and "model='gpt5' is not a known model" in err
+
+
+def test_plan_auto_ranks_then_plans_the_winner(capsys):
+    argv = ["plan", "tpu-v5p-128", "--strategy", "auto", "--model", "llama3-8b"]
+    code, out, _ = run(capsys, *argv, "--global-batch", "64", "--format", "json")
+    data = json.loads(out)
+    best = choose_mesh("tpu-v5p-128", ModelSpec.from_name("llama3-8b"), TrainSpec(global_batch=64))
+    assert code == 0 and data["ici_mesh_shape"] == list(best[0].ici)
+    assert data["ranking"]["choices"][0]["mesh"] == best[0].estimate.mesh
+    assert data["ranking"]["considered"] == best.considered
+    code, out, _ = run(capsys, *argv, "--global-batch", "64")
+    assert code == 0 and out.startswith("ranking    ") and "\nmesh       " in out
+    code, _, err = run(capsys, *argv, "--global-batch", "64", "--shape", "8,8")
+    assert code == 2 and "drop --shape" in err
+
+
+def test_compile_auto_compiles_a_winner_that_fits(capsys):
+    argv = ["compile", "tpu-v5litepod-8", "--strategy", "auto", "--model", "tiny"]
+    code, out, _ = run(capsys, *argv, "--global-batch", "64", "--format", "json")
+    data = json.loads(out)
+    best = choose_mesh("tpu-v5litepod-8", ModelSpec.from_name("tiny"), TrainSpec(global_batch=64))
+    assert code == 0 and data["fits"] is True and data["mesh"] == best[0].estimate.mesh
