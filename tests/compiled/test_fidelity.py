@@ -1,4 +1,5 @@
-"""The simulation against libtpu's compile-only devices, for every TPU string of the catalogue."""
+"""The simulation against the compile-only devices (libtpu's for TPU, XLA's CUDA client's for
+GPU), for every TPU and GPU string of the catalogue."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from loadax_mesh.fidelity import catalogue_strings, compare
 from loadax_mesh.topology import topology_devices
 
 
-@pytest.mark.parametrize("hardware", catalogue_strings("tpu"))
-def test_simulation_matches_libtpu(hardware):
+@pytest.mark.parametrize("hardware", catalogue_strings("tpu") + catalogue_strings("gpu"))
+def test_simulation_matches_the_compile_only_devices(hardware):
     result = compare(hardware)
     assert not result.unexplained, f"{hardware}: {result.to_dict()}"
 
