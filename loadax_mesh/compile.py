@@ -19,7 +19,8 @@ import numpy as np
 
 from .flops import step_flops
 from .gpu_targets import device_hbm
-from .hlo import Collective, HloText, collectives, group_axes, varying_axes
+from .hlo import Collective, HloText, collectives
+from .replica_groups import group_axes, varying_axes
 from .traffic import across_bytes
 
 if TYPE_CHECKING:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadax_mesh.hlo import HloText, collectives, group_axes, replica_groups, shape_bytes
+from loadax_mesh.hlo import HloText, collectives, shape_bytes
+from loadax_mesh.replica_groups import group_axes, replica_groups
 
 MODULE = """HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[8])->f32[]}
 

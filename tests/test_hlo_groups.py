@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadax_mesh.hlo import HloText, collectives, replica_groups
+from loadax_mesh.hlo import HloText, collectives
+from loadax_mesh.replica_groups import replica_groups
 from loadax_mesh.traffic import across_bytes, across_fraction
 
 HOSTS_2X8 = np.repeat([0, 1], 8)  # 16 devices, 8 per host, positions in mesh order

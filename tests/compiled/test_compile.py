@@ -11,7 +11,8 @@ from jax.sharding import PartitionSpec as P
 
 from loadax_mesh import MeshConfig, MeshConfigError
 from loadax_mesh.compile import compile_step, step_flops
-from loadax_mesh.hlo import HloText, collectives, group_axes
+from loadax_mesh.hlo import HloText, collectives
+from loadax_mesh.replica_groups import group_axes
 from loadax_mesh.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import param_shapes, roles
