@@ -78,23 +78,32 @@ def _death_signal() -> Any:
 
 
 # jax's gloo collectives announce every connection they make; shown only with --verbose. Gloo
-# writes from C++ on the child's own descriptors, so under load its text can land inside a line
-# of the child's: it is cut out wherever it is, and a line left empty is dropped.
+# writes each message in pieces from C++ threads on the child's own descriptors, so under load
+# two messages can interleave and split across lines, or land inside a line of the child's.
+# Every piece is cut out wherever it is, and a line left with nothing but the numbers the
+# pieces carried is dropped.
 _NOISE = re.compile(
-    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer "
-    r"ranks is : \d+"
+    r"\[Gloo\] Rank \d*|\d* is connected to \d*| peer ranks\. "
+    r"|Expected number of connected peer ranks is : \d*"
 )
+
+
+def _quiet(line: str) -> str | None:
+    """`line` without gloo's connection messages; None when nothing of the child's is left."""
+    if not _NOISE.search(line):
+        return line
+    rest = _NOISE.sub("", line)
+    return None if re.fullmatch(r"[\d\s]*", rest) else rest
 
 
 def _pump(
     stream: IO[bytes], out: IO[str], prefix: str, lock: threading.Lock, verbose: bool
 ) -> None:
     for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace")
-        if not verbose and _NOISE.search(line):
-            line = _NOISE.sub("", line)
-            if not line.strip():
-                continue
+        text = raw.decode(errors="replace")
+        line = text if verbose else _quiet(text)
+        if line is None:
+            continue
         with lock:
             out.write(prefix + (line if line.endswith("\n") else line + "\n"))
             out.flush()

@@ -71,6 +71,19 @@ def test_gloo_connection_messages_only_with_verbose(verbose: bool) -> None:
     assert done.stdout.splitlines() == [*shown, "[0] [Gloo] other news", "[0] work"]
 
 
+def test_gloo_messages_interleaved_by_its_threads_are_dropped() -> None:
+    """Two of gloo's messages, split and interleaved as seen on a loaded machine."""
+    from loadax_mesh.launcher import _quiet
+
+    seen = [
+        GLOO.replace(": 1", ": [Gloo] Rank 3\n"),
+        "3 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\n",
+    ]
+    assert [_quiet(line) for line in seen] == [None, None]
+    assert _quiet(GLOO + "[1] OK model\n") == "[1] OK model\n"
+    assert _quiet("[Gloo] other news\n") == "[Gloo] other news\n"
+
+
 def test_gloo_text_inside_a_line_is_cut_out() -> None:
     """Gloo's C++ output can land in the middle of one of the child's lines (seen under load)."""
     child = f"import sys; sys.stdout.write({GLOO!r}); print('work'); print()"
