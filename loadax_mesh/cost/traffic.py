@@ -3,10 +3,11 @@
 Bytes are counted as the compiled program reports them (`compile.CompileReport`): the full
 buffer over the group (all-gather's result, reduce-scatter's input, the others' buffer), per
 device and per step. What each role's axis carries:
-- FSDP: every layer's weights gathered in the forward pass and again in the backward pass (and
-  once more for a full-remat recompute where the compiler fuses the gathers into the matmuls,
-  which it does when a weight is smaller than the activation it multiplies), and its weight
-  gradients reduced; the embedding tables gathered and their gradients reduced.
+- FSDP: every layer's weights gathered in the forward pass and again in the backward pass (a
+  full-remat recompute reuses the backward's), and its weight gradients reduced; the embedding
+  tables gathered and their gradients reduced. (Where the TPU compiler turns a gather into a
+  collective matmul, a ring of permutes inside the matmul, the gathered weight is not kept and
+  the recompute gathers it again: more bytes than counted here; see RESULTS.md.)
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
 - Tensor (`model`): per layer two all-reduces of the layer's output in the forward pass, two of
   the input gradients in the backward pass and one more where full remat recomputes the
@@ -76,14 +77,8 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
     found: list[Collective] = []
     if roles.fsdp is not None and roles.size("fsdp") > 1:
         a = roles.fsdp
-        # Where a gathered weight is smaller than the activation it multiplies (an MLP weight's
-        # d_ff / model columns against the device's tokens), the compiler runs the gather as a
-        # collective matmul, a ring of permutes inside the matmul: the gathered weight is never
-        # kept, so the recomputed forward gathers it once more.
-        fused = model.d_ff // m < sh.tokens
-        gathers = 2 + (recompute if fused else 0)
         found += [
-            Collective(a, "all-gather", "layer weights", layer, gathers * L, True),
+            Collective(a, "all-gather", "layer weights", layer, 2 * L, True),
             Collective(a, "reduce-scatter", "layer weight gradients", layer, L, True),
             Collective(a, "all-gather", "embedding tables", tables, 1, True),
             Collective(a, "reduce-scatter", "embedding gradients", tables, 1, True),
