@@ -99,13 +99,18 @@ def rank_meshes(
             _count(ranking.pruned, "the model or batch does not divide", splits)
             continue
         batch_ok = True
-        terms = memory_terms(model, train, r, facts.tile)
-        peak = sum(terms[k] for k in phases(terms)[1])
+        memory = {  # by whether the batch spans granules (see memory.memory_terms)
+            across: memory_terms(model, train, r, facts.tile, batch_across_granules=across)
+            for across in (False, True)
+        }
         for dcn in _dcn_splits(sizes, granules):
             ranking.considered += 1
             if any(d > 1 and a in (r.model, r.seq) for a, d in zip(names, dcn, strict=True)):
                 _count(ranking.pruned, "tensor or sequence axis across granules", 1)
                 continue
+            across = any(d > 1 and a in batch for a, d in zip(names, dcn, strict=True))
+            terms = memory[across and facts.platform == "tpu"]
+            peak = sum(terms[k] for k in phases(terms)[1])
             if peak > facts.hbm_bytes * (1 - headroom):
                 smallest = peak if smallest is None else min(smallest, peak)
                 _count(ranking.pruned, f"does not fit in {1 - headroom:.0%} of HBM", 1)

@@ -90,7 +90,9 @@ def estimate_parts(
 ) -> Estimate:
     """The estimate from its parts (what `choose_mesh` varies without building a plan);
     `terms` are the memory terms when already computed (they do not depend on the plan)."""
-    terms = terms if terms is not None else memory_terms(model, train, r, facts.tile)
+    if terms is None:
+        across = facts.platform == "tpu" and any(factors[a][1] > 1 for a in r.batch)
+        terms = memory_terms(model, train, r, facts.tile, batch_across_granules=across)
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
     flops, model_flops = step_flops(model, train, r)

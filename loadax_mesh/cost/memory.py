@@ -164,9 +164,17 @@ def _data_parallel(roles: Roles) -> bool:
 
 
 def memory_terms(
-    model: ModelSpec, train: TrainSpec, roles: Roles, tile: tuple[int, int] | None
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    tile: tuple[int, int] | None,
+    *,
+    batch_across_granules: bool = False,
 ) -> dict[str, int]:
-    """Every term in bytes per device; `peak` says which of them are live at once."""
+    """Every term in bytes per device; `phases` says which of them are live at once. Where the
+    batch spans TPU slices, the embedding tables' gradients wait for the reduction across slices
+    (the hosts' megascale transfers, at the end of the step): both tables and both gradients
+    are held (`batch_across_granules`; GPUs reduce across hosts as they go)."""
     sh = Shapes.of(model, train, roles)
     pd, od, cd = (
         dtype_bytes(x) for x in (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
@@ -184,7 +192,7 @@ def memory_terms(
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
         "activations": model.num_layers * layer_bytes(model, train, sh, roles, tile, saved=True),
         "logits": 2 * stored((sh.rows, sh.seq, sh.vocab), cd, tile),
-        "embeddings": 2 * table,
+        "embeddings": (4 if batch_across_granules else 2) * table,
         "layer": 3 * layer
         + _WORKING[train.remat] * layer_bytes(model, train, sh, roles, tile, saved=False),
     }
