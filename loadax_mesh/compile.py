@@ -20,8 +20,8 @@ import numpy as np
 from .flops import step_flops
 from .gpu_targets import device_hbm
 from .hlo import Collective, HloText, collectives
+from .host_split import across_bytes
 from .replica_groups import group_axes, varying_axes
-from .traffic import across_bytes
 
 if TYPE_CHECKING:
     from .plan import MeshPlan

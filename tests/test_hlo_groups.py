@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from loadax_mesh.hlo import HloText, collectives
+from loadax_mesh.host_split import across_bytes, across_fraction
 from loadax_mesh.replica_groups import replica_groups
-from loadax_mesh.traffic import across_bytes, across_fraction
 
 HOSTS_2X8 = np.repeat([0, 1], 8)  # 16 devices, 8 per host, positions in mesh order
 FSDP_GROUPS = [list(range(8)), list(range(8, 16))]
