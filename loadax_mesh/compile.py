@@ -4,7 +4,7 @@ Memory per device from `memory_analysis()`, fit against the catalogue's HBM (on 
 jax's client preallocates), FLOPs per step (flops.py: XLA's own cost analysis with loop bodies
 counted once per trip, cuDNN attention counted from its shapes), and every collective of the
 optimised HLO with its bytes, how often a step runs it, the mesh axes its groups span and how
-many of its bytes cross hosts and granules (traffic.py). On libtpu's or XLA's CUDA client's
+many of its bytes cross hosts and granules (host_split.py). On libtpu's or XLA's CUDA client's
 compile-only devices this is the real TPU or GPU compiler, on a machine without either.
 """
 
@@ -38,7 +38,7 @@ class CollectiveItem:
     """A collective op: kind, bytes (the full buffer over its group), times a step runs it,
     the mesh axes its groups span (None: they are no sub-grid of whole axes), the axes its
     members differ along (also for groups over part of an axis), and how many of its bytes
-    cross hosts and cross granules (traffic.across_fraction; None: groups unreadable)."""
+    cross hosts and cross granules (host_split.across_fraction; None: groups unreadable)."""
 
     kind: str
     bytes: int

@@ -2,11 +2,12 @@
 
 The step holds its arguments for the whole step (parameters and Adam's moments, donated so
 the updated ones reuse them; the batch) and, on top, what the phase it is in needs. Three phases
-can set the peak: the head of the backward pass (saved layer inputs, logits and their gradient,
-the gathered unembedding table and its gradient), the layer loop (saved inputs, every gradient
-shard, one layer's weights gathered twice over for prefetch, its recomputed activations and its
-weight gradients before they are reduced) and the tail (every gradient shard, the gathered
-embedding table and its gradient). The largest is the peak. On TPU every array is stored in
+can set the peak: the head of the backward pass (saved layer inputs, every gradient shard, the
+logits and their gradient, a gathered embedding table and its gradient), the layer loop (saved
+inputs, every gradient shard and, across data-parallel axes, their compute-dtype copy; one
+layer's weights gathered, twice for prefetch and once as their gradient before it is reduced;
+its intermediates, recomputed under full remat, and their gradients) and the tail (gradient
+shards, a table and its gradient). The largest is the peak. On TPU every array is stored in
 whole memory tiles.
 """
 
