@@ -17,7 +17,7 @@ from ..hardware import parse_hardware
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .facts import DeviceFacts, device_facts
-from .host_split import AxisTraffic, axis_traffic, collectives
+from .traffic import AxisTraffic, axis_traffic, collectives
 from .memory import Shapes, memory_terms, phases
 
 if TYPE_CHECKING:
