@@ -17,8 +17,8 @@ from ..hardware import parse_hardware
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .facts import DeviceFacts, device_facts
-from .traffic import AxisTraffic, axis_traffic, collectives
 from .memory import Shapes, memory_terms, phases
+from .traffic import AxisTraffic, axis_traffic, collectives
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
