@@ -234,7 +234,8 @@ def collectives(
             if gathered and groups is not None:
                 size *= groups.shape[1]  # the full buffer: the shard times the group
             channel = re.search(r"channel_id=(\d+)", i.attributes)
-            key = f"channel {channel[1]}" if channel else i.name
+            # megascale sends number their channels apart from the collectives beside them
+            key = f"{'send ' if megascale else ''}channel {channel[1]}" if channel else i.name
             if key not in found or found[key].count < times:
                 found[key] = Collective(kind, size, times, groups, i.name)
     return list(found.values())

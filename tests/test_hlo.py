@@ -108,3 +108,31 @@ def test_groups_that_are_no_set_of_axes():
 
 def test_shape_bytes():
     assert shape_bytes("(bf16[2,3]{1,0}, /*index=1*/f32[4], s32[])") == 12 + 16 + 4
+
+
+MULTISLICE = """HloModule jit_step, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: bf16[4,128]) -> bf16[4,128] {
+  %x = bf16[4,128]{1,0} parameter(0)
+  %ar = bf16[4,128]{1,0} all-reduce(%x), channel_id=5, replica_groups=[2,2]<=[4], to_apply=%add
+  %tok = token[] after-all()
+  %send = (bf16[4,128]{1,0}, u32[], token[]) send(%ar, %tok), channel_id=5, is_host_transfer=true, frontend_attributes={_xla_megascale_target="{1,2}x{0:1}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %recv = (bf16[4,128]{1,0}, u32[], token[]) recv(%tok), channel_id=4, is_host_transfer=true, frontend_attributes={_xla_megascale_target="{1,2}x{0:1}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  ROOT %out = bf16[4,128]{1,0} get-tuple-element(%recv), index=0
+}
+"""
+
+
+def test_megascale_sends_are_counted_beside_collectives_of_the_same_channel():
+    ids = np.array([100000, 100001, 200000, 200001])  # libtpu's multislice ids, 2 slices of 2
+    found = {c.name: c for c in collectives(HloText(MULTISLICE), 4, ids)}
+    assert set(found) == {"ar", "send"}  # the recv is the send's other half
+    assert (found["send"].kind, found["send"].bytes) == ("all-reduce", 4 * 128 * 2)
+    assert found["send"].groups.tolist() == [[0, 2], [1, 3]]  # one group per local index
+    assert group_axes(found["send"].groups, {"data": 2, "fsdp": 2}) == ("data",)
