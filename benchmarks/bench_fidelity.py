@@ -16,6 +16,7 @@ import argparse
 import time
 
 from loadax_mesh.fidelity import ATTRIBUTES, KNOWN, catalogue_strings, compare
+from loadax_mesh.render import text_table
 
 
 def table(platform: str, notes: dict[str, int]) -> list[list[str]]:
@@ -51,9 +52,7 @@ def show(rows: list[list[str]], *, markdown: bool) -> None:
         for cells in rows[1:]:
             print("| " + " | ".join(cells) + " |")
         return
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for cells in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
+    print(text_table(rows))
 
 
 def main() -> None:

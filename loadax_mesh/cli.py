@@ -213,20 +213,20 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from .cli_compile import compile_command
 
     plan, notes, _ = _planned(args)
-    return compile_command(args, plan, notes, print_json)
+    return compile_command(args, plan, notes)
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
     from .cli_cost import estimate_command
 
     plan, notes, _ = _planned(args)
-    return estimate_command(args, plan, notes, print_json)
+    return estimate_command(args, plan, notes)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
     from .cli_compile import models_command
 
-    return models_command(args, print_json)
+    return models_command(args)
 
 
 def _use_color(mode: str) -> bool:

@@ -81,7 +81,8 @@ def config_from_args(args: argparse.Namespace, selector: str) -> tuple[MeshConfi
     if args.strategy is None:
         if args.shape is None:
             raise UsageError(
-                f"plan needs --strategy (one of {_preset_names()}) or --shape with --axes"
+                f"{args.command} needs --strategy (one of auto, {_preset_names()}) or --shape with "
+                "--axes"
             )
         if args.axes is None:
             raise UsageError("--shape needs --axes (or a --strategy whose axes it uses)")
@@ -172,6 +173,11 @@ def _overrides(items: list[str]) -> dict[str, int]:
             raise UsageError(f"--set {item!r}; accepted: AXIS=SIZE such as tp=8")
         result[match[1]] = int(match[2])
     return result
+
+
+def size_text(n: float) -> str:
+    """Bytes for a reader: GB, or MB below 10 MB (where GB would read 0.00)."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
 
 
 def print_json(data: Any) -> None:

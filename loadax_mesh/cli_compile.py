@@ -7,9 +7,11 @@ import argparse
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+from .cli_args import print_json, size_text
 
 if TYPE_CHECKING:
     from .compile import CompileReport
@@ -30,7 +32,7 @@ WORKLOAD_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
-def models_command(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
+def models_command(args: argparse.Namespace) -> int:
     from .render import text_table
     from .workload import ModelSpec, list_models
 
@@ -51,9 +53,7 @@ def models_command(args: argparse.Namespace, print_json: Callable[[Any], None]) 
     return 0
 
 
-def compile_command(
-    args: argparse.Namespace, plan: MeshPlan, notes: list[str], print_json: Callable[[Any], None]
-) -> int:
+def compile_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str]) -> int:
     from .cli_cost import specs
     from .compile import compile_step
 
@@ -80,10 +80,10 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
     ]
     if report.message:
         lines.append(f"refused    {report.message}")
-    hbm = "?" if report.hbm_bytes is None else _gb(report.hbm_bytes)
+    hbm = "?" if report.hbm_bytes is None else size_text(report.hbm_bytes)
     verdict = {True: "fits", False: "does NOT fit", None: "fit unknown (no HBM in the catalogue)"}
     lines.append(
-        f"memory     {_gb(report.total_bytes)} per device of {hbm}: {verdict[report.fits]}"
+        f"memory     {size_text(report.total_bytes)} per device of {hbm}: {verdict[report.fits]}"
     )
     if report.hbm_bytes is not None and (report.hardware or "").startswith("gpu-"):
         lines.append("           " + _gpu_pool(report.hbm_bytes))
@@ -91,7 +91,7 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
         parts = ("argument", "output", "temp", "alias")
         lines.append(
             "           "
-            + ", ".join(f"{p} {_gb(getattr(report, f'{p}_bytes'))}" for p in parts)
+            + ", ".join(f"{p} {size_text(getattr(report, f'{p}_bytes'))}" for p in parts)
             + " (total = argument + output + temp - alias)"
         )
     if report.flops is not None:
@@ -125,11 +125,11 @@ def collective_table(report: CompileReport) -> str:
     ):
         shown = ",".join(axes) if axes else "(part of an axis)"
         inside = None if hosts is None else size - hosts
-        row = [kind, shown, count, _gb(size), *(_gb_or_unknown(v) for v in (inside, hosts))]
+        row = [kind, shown, count, size_text(size), *(_gb_or_unknown(v) for v in (inside, hosts))]
         rows.append(row + [_gb_or_unknown(across)] * granules)
     totals = report.bytes_across()
     rows.append(
-        ["all", "", sum(c.count for c in report.collectives), _gb(totals["total"] or 0)]
+        ["all", "", sum(c.count for c in report.collectives), size_text(totals["total"] or 0)]
         + [_gb_or_unknown(totals[k]) for k in ("inside_hosts", "across_hosts")]
         + [_gb_or_unknown(totals["across_granules"])] * granules
     )
@@ -141,17 +141,13 @@ def _gpu_pool(usable: int) -> str:
 
     fraction = dict(catalogue().gpu_client)["mem_fraction"].value
     return (
-        f"{_gb(usable)}: the pool jax's GPU client preallocates, {fraction:g} of the "
-        f"{_gb(usable / fraction)} the GPU reports (XLA_CLIENT_MEM_FRACTION)"
+        f"{size_text(usable)}: the pool jax's GPU client preallocates, {fraction:g} of the "
+        f"{size_text(usable / fraction)} the GPU reports (XLA_CLIENT_MEM_FRACTION)"
     )
 
 
 def _gb_or_unknown(n: float | None) -> str:
-    return "?" if n is None else _gb(n)
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
+    return "?" if n is None else size_text(n)
 
 
 def _count(n: int) -> str:

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from .cli_args import UsageError
+from .cli_args import UsageError, print_json, size_text
 
 if TYPE_CHECKING:
     from .config import MeshConfig
@@ -32,9 +31,16 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
 
     if args.hardware is None:
         raise UsageError("--strategy auto needs a catalogue HARDWARE string (its facts)")
-    for flag in ("shape", "dcn_shape", "axes", "batch_axes"):
-        if getattr(args, flag) is not None:
-            raise UsageError(f"--strategy auto chooses the shape itself; drop --{flag}")
+    given = [
+        f for f in ("shape", "dcn_shape", "axes", "batch_axes") if getattr(args, f) is not None
+    ]
+    given += ["set"] * bool(args.overrides) + ["granule"] * (args.granule != "auto")
+    if given:
+        flag = given[0].replace("_", "-")
+        raise UsageError(
+            f"--strategy auto chooses the shape and plans on the hardware's own granules; drop "
+            f"--{flag}"
+        )
     model, train = specs(args)
     ranking = choose_mesh(args.hardware, model, train)
     winner = cast("MeshConfig", ranking[0].config)  # choose_mesh gives MeshConfigs
@@ -78,9 +84,7 @@ def ranking_data(ranking: Ranking) -> dict[str, Any]:
     }
 
 
-def estimate_command(
-    args: argparse.Namespace, plan: MeshPlan, notes: list[str], print_json: Callable[[Any], None]
-) -> int:
+def estimate_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str]) -> int:
     from .cost import estimate
 
     model, train = specs(args)
@@ -103,11 +107,11 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
         f"mesh       {mesh}",
         *(f"note       {n}" for n in notes),
         "",
-        f"memory     {_gb(e.memory_bytes)} per device of {_gb(e.hbm_bytes)}: {verdict}",
+        f"memory     {size_text(e.memory_bytes)} per device of {size_text(e.hbm_bytes)}: {verdict}",
         "           "
-        + ", ".join(f"{k} {_gb(v)}" for k, v in e.memory.items() if v)
+        + ", ".join(f"{k} {size_text(v)}" for k, v in e.memory.items() if v)
         + f" (live at the peak: the {max(e.phases, key=lambda p: e.phases[p])})",
-        "           phases: " + ", ".join(f"{k} {_gb(v)}" for k, v in e.phases.items()),
+        "           phases: " + ", ".join(f"{k} {size_text(v)}" for k, v in e.phases.items()),
         f"compute    {e.flops:.3e} FLOPs a device, {e.compute_seconds * 1e3:.1f} ms at peak",
     ]
     rows: list[list[Any]] = [["axis", "role", "ici x dcn", "bytes", "across granules", "time"]]
@@ -118,8 +122,8 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
                     a.axis,
                     a.role,
                     f"{a.ici} x {a.dcn}",
-                    _gb(a.bytes),
-                    _gb(a.across_granules),
+                    size_text(a.bytes),
+                    size_text(a.across_granules),
                     f"{a.seconds * 1e3:.1f} ms"
                     + (f" ({a.exposed_seconds * 1e3:.1f} exposed)" if a.exposed_seconds else ""),
                 ]
@@ -136,7 +140,3 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
 
 def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ",".join(map(str, shape)) + ")"
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB"

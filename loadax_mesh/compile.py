@@ -15,8 +15,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .flops import step_flops
 from .gpu_targets import device_hbm
 from .hlo import Collective, HloText, collectives
@@ -90,13 +88,6 @@ class CompileReport:
             "across_granules": granules,
         }
 
-    def bytes_by_axes(self) -> dict[tuple[str, ...], int]:
-        """Collective bytes per step, summed per set of mesh axes the groups vary along."""
-        totals: dict[tuple[str, ...], int] = {}
-        for c in self.collectives:
-            totals[c.spans] = totals.get(c.spans, 0) + c.bytes * c.count
-        return totals
-
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["collectives"] = [c.to_dict() for c in self.collectives]
@@ -111,14 +102,14 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     the catalogue's. Any other compile error propagates."""
     import jax
 
-    from .hardware import parse_hardware
+    from .hardware import catalogue_spec
+    from .workload.attention import implementation
     from .workload.step import make_step
 
     mesh = plan.to_jax_mesh()
     step = make_step(mesh, model, train, batch_axes=plan.batch_axis_names)
     platform = mesh.devices.flat[0].platform
-    hardware = plan.hardware
-    spec = parse_hardware(hardware) if hardware is not None and _in_catalogue(hardware) else None
+    spec = catalogue_spec(plan.hardware)
     hbm = device_hbm(spec.type) if spec is not None else None
     common = dict(
         hardware=plan.hardware,
@@ -126,7 +117,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         model=model.name,
         global_batch=train.global_batch,
         remat=train.remat,
-        attention=_attention_kind(train.attention, platform),
+        attention=implementation(train.attention, platform),
         hbm_bytes=None if hbm is None else int(hbm),
     )
     start = time.perf_counter()
@@ -161,8 +152,8 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     )
     hlo = HloText(compiled.as_text())
     shape = dict(mesh.shape)
-    hosts = np.array([d.process_index for d in mesh.devices.flat])
-    granules = plan.layout.granule[plan.layout.index.reshape(-1)]
+    order = plan.layout.index.reshape(-1)  # mesh order, as indices into the device table
+    hosts, granules = plan.table.process_index[order], plan.layout.granule[order]
     items = tuple(
         CollectiveItem(
             c.kind,
@@ -173,7 +164,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
             across_bytes(c.kind, c.bytes, c.groups, hosts),
             across_bytes(c.kind, c.bytes, c.groups, granules),
         )
-        for c in collectives(hlo, mesh.devices.size, np.array([d.id for d in mesh.devices.flat]))
+        for c in collectives(hlo, mesh.devices.size, plan.table.ids[order])
     )
     return CompileReport(
         **common,  # type: ignore[arg-type]
@@ -197,20 +188,3 @@ def _per_step(parts: list[tuple[int | None, int]]) -> int | None:
 
 def _axes(c: Collective, mesh_shape: dict[str, int]) -> tuple[str, ...] | None:
     return group_axes(c.groups, mesh_shape, pairs=c.kind == "collective-permute")
-
-
-def _in_catalogue(hardware: str) -> bool:
-    from .errors import MeshConfigError
-    from .hardware import parse_hardware
-
-    try:
-        parse_hardware(hardware)
-    except MeshConfigError:
-        return False
-    return True
-
-
-def _attention_kind(attention: str, platform: str) -> str:
-    if attention == "plain":
-        return "plain"
-    return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "xla")

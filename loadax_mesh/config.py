@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config_data import ConfigFields, fields_from_data, first_axis_shape, rule_name
+from .config_data import ConfigFields, fields_from_data, rule_name
 from .detect import detect_hardware
 from .devices import GranuleSpec
 from .errors import MeshConfigError
@@ -39,8 +39,7 @@ class MeshConfig(ConfigFields):
         index = self._rule_index(_check_selector(selector))
         if index is None:
             return self
-        value = (self.mesh_rules or ())[index][1]
-        shape = first_axis_shape(len(self.mesh_axis_names)) if value is None else value
+        shape = (self.mesh_rules or ())[index][1]  # None: all devices on the first axis
         return MeshConfig(shape, self.mesh_axis_names, self.batch_axis_names, self.mesh_rules)
 
     def _rule_index(self, selector: str) -> int | None:
@@ -149,19 +148,21 @@ class MeshConfig(ConfigFields):
 
 def choose_mesh(
     hardware: str,
-    model: ModelSpec,
+    model: str | ModelSpec,
     train: TrainSpec,
     *,
     axes: Sequence[str] = ("data", "fsdp", "seq", "model"),
     top: int = 5,
     headroom: float = 0.1,
 ) -> Ranking:
-    """The `top` meshes of `axes` for `model` on `hardware` that fit, fastest first by the cost
-    model (`loadax_mesh.cost`), leaving `headroom` of the HBM free; each Choice carries its
-    MeshConfig, MeshPlan and Estimate."""
+    """The `top` meshes of `axes` for `model` (a ModelSpec or a name from configs/models/) on
+    `hardware` that fit, fastest first by the cost model (`loadax_mesh.cost`), leaving
+    `headroom` of the HBM free; each Choice carries its MeshConfig, MeshPlan and Estimate."""
     from .cost.choose import rank_meshes
+    from .workload.spec import ModelSpec
 
-    ranking = rank_meshes(hardware, model, train, axes=axes, top=top, headroom=headroom)
+    spec = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+    ranking = rank_meshes(hardware, spec, train, axes=axes, top=top, headroom=headroom)
     for k, c in enumerate(ranking):
         config = MeshConfig(
             c.config.mesh_shape, c.config.mesh_axis_names, c.config.batch_axis_names
@@ -177,8 +178,10 @@ def _auto(
     global_batch: int | None = None,
     **train: Any,
 ) -> MeshConfig:
+    from dataclasses import fields
+
     from .cost.choose import AXES
-    from .workload.spec import ModelSpec, TrainSpec
+    from .workload.spec import TrainSpec
 
     axes = train.pop("axes", AXES)
     if hardware is None or model is None or global_batch is None:
@@ -187,8 +190,14 @@ def _auto(
             f" model={model!r}, global_batch={global_batch!r}); accepted: e.g. "
             "from_preset('auto', hardware='tpu-v5p-512', model='llama3-8b', global_batch=256)"
         )
-    spec = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
-    best = choose_mesh(hardware, spec, TrainSpec(global_batch=global_batch, **train), axes=axes)
+    options = [f.name for f in fields(TrainSpec) if f.name != "global_batch"]
+    unknown = sorted(set(train) - set(options))
+    if unknown:
+        raise MeshConfigError(
+            f"preset 'auto': unknown option {unknown[0]}={train[unknown[0]]!r}; accepted: "
+            f"hardware, model, global_batch, axes, {', '.join(options)}"
+        )
+    best = choose_mesh(hardware, model, TrainSpec(global_batch=global_batch, **train), axes=axes)
     return best[0].config  # type: ignore[return-value]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import cache
 from typing import Any
 
 from .hlo import ARRAY, HloText, Instruction, closing
@@ -34,6 +35,7 @@ def step_flops(compiled: Any, hlo: HloText) -> float | None:
     except (ImportError, RuntimeError):
         return None
 
+    @cache
     def analysed(computation: str) -> float:
         module = hlo_module_from_text(_rooted(hlo.text, computation, hlo.entry))
         return float(_jax.hlo_module_cost_analysis(client, module).get("flops", 0.0))

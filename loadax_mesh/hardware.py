@@ -119,6 +119,14 @@ def _number(text: str | None, hardware: str, what: str) -> int:
     return int(text)
 
 
+def catalogue_spec(hardware: str | None) -> HardwareSpec | None:
+    """The catalogue's HardwareSpec for a hardware string, or None when it names none."""
+    try:
+        return None if hardware is None else parse_hardware(hardware)
+    except MeshConfigError:
+        return None
+
+
 def parse_hardware(hardware: str) -> HardwareSpec:
     """Parse a hardware string against the catalogue; errors list what is valid."""
     if not isinstance(hardware, str):

@@ -134,7 +134,7 @@ class HloText:
         constants = {i.name: i for i in body if i.opcode == "constant"}
         for i in body:
             if i.opcode == "compare" and "direction=LT" in i.attributes:
-                names = [o.strip().split(" ")[-1].lstrip("%") for o in i.operands.split(",")]
+                names = _operand_names(i)
                 if len(names) == 2 and names[1] in constants:
                     return int(constants[names[1]].operands) - self._start(loop, names[0], body)
         return None
@@ -143,11 +143,10 @@ class HloText:
         """The counter's initial value, read through the while's initial tuple (0 if unknown)."""
         element = next((i for i in condition if i.name == counter), None)
         index = re.search(r"index=(\d+)", element.attributes) if element else None
-        init = self.by_name.get(loop.operands.strip().split(" ")[-1].lstrip("%"))
+        init = self.by_name.get(_operand_names(loop)[0])
         if index is None or init is None or init.opcode != "tuple":
             return 0
-        operand = init.operands.split(",")[int(index[1])].strip().split(" ")[-1].lstrip("%")
-        value = self.by_name.get(operand)
+        value = self.by_name.get(_operand_names(init)[int(index[1])])
         if value is not None and value.opcode == "constant" and value.operands.isdigit():
             return int(value.operands)
         return 0

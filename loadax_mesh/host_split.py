@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .replica_groups import distinct_per_row
+
 RINGS = ("all-gather", "reduce-scatter", "all-reduce")
 
 
@@ -34,11 +36,13 @@ def across_fraction(kind: str, groups: np.ndarray | None, keys: np.ndarray) -> f
     n = groups.shape[1]
     if kind == "collective-permute":
         return float(np.mean(member_keys[:, 0] != member_keys[:, -1]))
-    if kind == "all-to-all":
-        other = (member_keys[:, :, None] != member_keys[:, None, :]).sum(axis=2)
-        return float(np.mean(other / n))
+    if kind == "all-to-all":  # per member: the members of its group on its own key
+        key = np.unique(member_keys, return_inverse=True)[1].reshape(member_keys.shape)
+        cell = np.arange(len(key))[:, None] * (key.max() + 1) + key
+        same = np.bincount(cell.ravel())[cell]
+        return float(np.mean((n - same) / n))
     if kind in RINGS:
-        distinct = np.array([len(set(row.tolist())) for row in member_keys])
+        distinct = distinct_per_row(member_keys)
         return float(np.mean(np.where(distinct > 1, distinct / n, 0.0)))
     return None
 

@@ -23,7 +23,7 @@ from functools import cache
 from typing import Any
 
 from ._configs import config_path
-from .config_data import ConfigFields, fields_from_data
+from .config_data import ConfigFields, fields_from_data, first_axis_shape
 from .errors import MeshConfigError
 from .shapes import HybridMeshShape, MeshShape, check_size
 
@@ -118,7 +118,7 @@ def load_preset(name: str, **overrides: Any) -> ConfigFields:
 
     def apply(shape: MeshShape | HybridMeshShape | None) -> MeshShape | HybridMeshShape:
         if shape is None:
-            shape = (-1,) + (1,) * (len(axes) - 1)
+            shape = first_axis_shape(len(axes))
         return override_shape(shape, sizes, parts, fill)
 
     rules = config.mesh_rules

@@ -19,7 +19,7 @@ from .batch import shard_blocks
 from .catalogue import wraparound
 from .detect import match_catalogue
 from .errors import MeshConfigError
-from .hardware import HardwareSpec, parse_hardware
+from .hardware import catalogue_spec
 from .picture import PlanView, render_grid, render_svg, shape_text
 
 __all__ = ["HostRows", "hardware_summary", "host_rows", "render_grid", "render_svg", "render_text"]
@@ -34,11 +34,11 @@ def hardware_summary(plan: PlanView) -> dict[str, Any]:
     therefore unknown."""
     table = plan.table
     n = len(table)
-    spec = _spec(plan.hardware)
+    spec = catalogue_spec(plan.hardware)
     facts, miss = platform_facts(table.platform), None
     if spec is None:  # a selector of the user's, a generic one, or none: ask the devices
         name, miss = match_catalogue(table)
-        spec = _spec(name)
+        spec = catalogue_spec(name)
     hosts = len(np.unique(table.process_index))
     slices = 1 if table.slice_index is None else len(np.unique(table.slice_index))
     chips = n
@@ -95,14 +95,6 @@ def platform_facts(platform: str) -> tuple[str, ...]:
     if platform == "tpu":
         return ("hbm", "peak_bf16", "ici_bandwidth", "dcn_bandwidth")
     return ("hbm", "peak_bf16", "nvlink_bandwidth", "network_per_gpu") if platform == "gpu" else ()
-
-
-def _spec(hardware: str | None) -> HardwareSpec | None:
-    """The catalogue's HardwareSpec for a hardware string, or None when it names none."""
-    try:
-        return None if hardware is None else parse_hardware(hardware)
-    except MeshConfigError:
-        return None
 
 
 def catalogue_lines(miss: str | None, unknown: Sequence[str]) -> list[str]:

@@ -127,8 +127,14 @@ def group_axes(
     if pairs:
         return spanned
     size = math.prod(mesh_shape[n] for n in spanned)
-    distinct = all(len(set(g.tolist())) == len(g) for g in groups)
+    distinct = bool((distinct_per_row(groups) == groups.shape[1]).all())
     return spanned if size == groups.shape[1] and distinct else None
+
+
+def distinct_per_row(a: np.ndarray) -> np.ndarray:
+    """How many distinct values each row of a 2-d array holds."""
+    ordered = np.sort(a, axis=1)
+    return 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(axis=1)
 
 
 def megascale_groups(attributes: str, device_ids: np.ndarray | None) -> np.ndarray | None:
@@ -151,8 +157,7 @@ def megascale_groups(attributes: str, device_ids: np.ndarray | None) -> np.ndarr
         if parsed is None:
             return None
         ids = parsed
-    position = {int(d): k for k, d in enumerate(device_ids.tolist())}
-    try:
-        return np.vectorize(position.__getitem__, otypes=[np.int64])(ids)
-    except KeyError:
-        return None
+    order = np.argsort(device_ids)
+    found = np.minimum(np.searchsorted(device_ids, ids, sorter=order), len(order) - 1)
+    positions = order[found]
+    return positions if (device_ids[positions] == ids).all() else None

@@ -112,6 +112,8 @@ def test_a_model_that_fits_nowhere():
         ({"axes": ("model", "seq")}, "has no batch axis"),
         ({"top": 0}, "top=0"),
         ({"headroom": 1.5}, "headroom=1.5"),
+        ({"axes": 5}, "axes=5"),
+        ({"axes": [["data"]]}, "axes=\\[\\['data'\\]\\]"),
     ],
 )
 def test_bad_choose_input(kwargs, message):
@@ -130,3 +132,16 @@ def test_missing_catalogue_facts_are_named():
         estimate(plan, SMALL, TrainSpec(global_batch=32))
     with pytest.raises(MeshConfigError, match="preset 'auto' needs hardware="):
         MeshConfig.from_preset("auto", model="tiny")
+
+
+def test_choose_mesh_takes_a_model_name_and_auto_names_unknown_options():
+    by_name = choose_mesh("tpu-v5p-16", "tiny", TrainSpec(global_batch=16))
+    by_spec = choose_mesh("tpu-v5p-16", ModelSpec.from_name("tiny"), TrainSpec(global_batch=16))
+    assert [c.estimate.mesh for c in by_name] == [c.estimate.mesh for c in by_spec]
+    with pytest.raises(MeshConfigError, match=r"unknown option tp=2; accepted: .*remat"):
+        MeshConfig.from_preset("auto", hardware="tpu-v5p-16", model="tiny", global_batch=16, tp=2)
+    auto = MeshConfig.from_preset(
+        "auto", hardware="tpu-v5p-16", model="tiny", global_batch=16, remat="dots"
+    )
+    dots = choose_mesh("tpu-v5p-16", "tiny", TrainSpec(global_batch=16, remat="dots"))
+    assert auto.mesh_shape == dots[0].config.mesh_shape

@@ -92,8 +92,8 @@ def rank_meshes(
         r = roles(tuple(zip(names, sizes, strict=True)), batch)
         try:
             check_fit(model, train, r)
-        except MeshConfigError as err:
-            batch_ok |= "global_batch" not in str(err)
+        except MeshConfigError:
+            batch_ok |= train.global_batch % r.size("batch") == 0
             splits = _splits(sizes, granules)
             ranking.considered += splits
             _count(ranking.pruned, "the model or batch does not divide", splits)
@@ -159,7 +159,11 @@ def _check_axes(axes: Sequence[str], top: int) -> tuple[str, ...]:
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise MeshConfigError(f"top={top!r}; accepted: an int >= 1")
     known = {"data", "replicate", *(n for names in ROLE_NAMES.values() for n in names)}
-    if isinstance(axes, str) or not axes or any(a not in known for a in axes):
+    if (
+        not isinstance(axes, list | tuple)
+        or not axes
+        or any(not isinstance(a, str) or a not in known for a in axes)
+    ):
         raise MeshConfigError(
             f"axes={axes!r}; accepted: distinct names from {sorted(known)}, e.g. {AXES}"
         )

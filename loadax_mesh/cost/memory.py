@@ -159,11 +159,6 @@ def layer_bytes(
 _KERNEL = ("rotated q", "rotated k", "v", "gathered k", "gathered v", "attention")
 
 
-def _data_parallel(roles: Roles) -> bool:
-    sizes = dict(roles.sizes)
-    return any(sizes[a] > 1 and a != roles.fsdp for a in roles.batch)
-
-
 def memory_terms(
     model: ModelSpec,
     train: TrainSpec,
@@ -189,7 +184,7 @@ def memory_terms(
         "gradients": shard_bytes(model, roles, pd, tile),
         # Across data-parallel axes the gradient shards are reduced in the compute dtype: a
         # second set of them, stacked over the layers like the float32 one.
-        "reduced gradients": shard_bytes(model, roles, cd, tile) if _data_parallel(roles) else 0,
+        "reduced gradients": shard_bytes(model, roles, cd, tile) * bool(roles.data_parallel_axes()),
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
         "activations": model.num_layers * layer_bytes(model, train, sh, roles, tile, saved=True),
         "logits": 2 * stored((sh.rows, sh.seq, sh.vocab), cd, tile),

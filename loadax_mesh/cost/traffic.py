@@ -83,9 +83,8 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
             Collective(a, "all-gather", "embedding tables", tables, 1, True),
             Collective(a, "reduce-scatter", "embedding gradients", tables, 1, True),
         ]
-    for a in roles.batch:
-        if a != roles.fsdp and dict(roles.sizes)[a] > 1:
-            found.append(Collective(a, "all-reduce", "gradient shards", shard, 1, True))
+    for a in roles.data_parallel_axes():
+        found.append(Collective(a, "all-reduce", "gradient shards", shard, 1, True))
     if roles.model is not None and m > 1:
         activation = sh.tokens * d * cd
         # forward 2, backward 2, and a recompute needs only the attention half's (the layer's

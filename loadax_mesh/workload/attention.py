@@ -23,17 +23,25 @@ def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, *, kind: str, mesh: Mesh, roles: Roles
 ) -> jax.Array:
     """Attention of `kind` ("flash" or "plain") with the step's mesh and sharding roles."""
-    platform = mesh.devices.flat[0].platform
-    if kind == "flash" and platform == "tpu":
+    runs = implementation(kind, mesh.devices.flat[0].platform)
+    if runs == "splash":
         return _splash(q, k, v, mesh, roles)
     # Keys and values whole along the sequence: an all-gather over the sequence axis.
     kv = NamedSharding(mesh, P(*roles.mesh_axes(("batch", None, "kv_heads", None))))
     k, v = (jax.lax.with_sharding_constraint(a, kv) for a in (k, v))
-    if kind == "plain":
+    if runs == "plain":
         return _plain(q, k, v)
-    if platform == "gpu":
+    if runs == "cudnn":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
     return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+
+def implementation(kind: str, platform: str) -> str:
+    """What attention of `kind` runs as on `platform`: "splash" (jax's TPU kernel), "cudnn"
+    (its fused GPU kernel), "xla" (`dot_product_attention`'s own) or "plain"."""
+    if kind == "plain":
+        return "plain"
+    return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "xla")
 
 
 def _plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:

@@ -44,6 +44,11 @@ class Roles:
         axis = getattr(self, role)
         return 1 if axis is None else sizes[axis]
 
+    def data_parallel_axes(self) -> tuple[str, ...]:
+        """The batch axes of size > 1 that replicate the parameters (all but FSDP's)."""
+        sizes = dict(self.sizes)
+        return tuple(a for a in self.batch if a != self.fsdp and sizes[a] > 1)
+
     def mesh_axes(self, logical: Logical) -> tuple[str | tuple[str, ...] | None, ...]:
         """A PartitionSpec's entries for an array with these logical axes."""
         table: dict[str, str | tuple[str, ...] | None] = {

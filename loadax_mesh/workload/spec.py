@@ -77,14 +77,6 @@ class ModelSpec:
         embeddings = self.vocab_size * self.d_model * (1 if self.tied_embeddings else 2)
         return embeddings + self.num_layers * self.layer_params + self.d_model
 
-    def flops_per_token(self, *, causal: bool = True) -> float:
-        """Training FLOPs per token (forward + backward = 3x forward), matmuls and attention;
-        causal attention computes half the score matrix."""
-        d, s = self.d_model, self.seq_len
-        matmuls = self.num_layers * (self.layer_params - 2 * d) + self.vocab_size * d
-        attention = self.num_layers * 2 * s * self.num_heads * self.head_dim
-        return 6.0 * matmuls + 6.0 * attention * (0.5 if causal else 1.0)
-
     @classmethod
     def from_name(cls, name: str) -> ModelSpec:
         """The model in configs/models/<name>.toml."""

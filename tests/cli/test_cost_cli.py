@@ -67,3 +67,23 @@ def test_compile_auto_compiles_a_winner_that_fits(capsys):
     data = json.loads(out)
     best = choose_mesh("tpu-v5litepod-8", ModelSpec.from_name("tiny"), TrainSpec(global_batch=64))
     assert code == 0 and data["fits"] is True and data["mesh"] == best[0].estimate.mesh
+
+
+def test_auto_refuses_the_flags_it_would_ignore_and_strategy_is_named(capsys):
+    argv = ["plan", "tpu-v5p-128", "--strategy", "auto", "--model", "tiny", "--global-batch", "64"]
+    for extra, flag in (
+        (["--set", "fsdp=4"], "--set"),
+        (["--granule", "none"], "--granule"),
+        (["--batch-axes", "data"], "--batch-axes"),
+    ):
+        code, _, err = run(capsys, *argv, *extra)
+        assert code == 2 and f"drop {flag}" in err, err
+    code, _, err = run(capsys, "estimate", "tpu-v5p-16", "--model", "tiny", "--global-batch", "8")
+    assert code == 2 and "estimate needs --strategy (one of auto, " in err
+
+
+def test_estimate_shows_small_sizes_in_mb(capsys):
+    argv = ["estimate", "tpu-v5litepod-8", "--strategy", "fsdp", "--model", "tiny"]
+    code, out, _ = run(capsys, *argv, "--global-batch", "64")
+    terms = next(line for line in out.splitlines() if line.lstrip().startswith("params "))
+    assert code == 0 and " MB" in terms and "0.00 GB" not in terms
