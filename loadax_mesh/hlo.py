@@ -103,12 +103,15 @@ class HloText:
     def __init__(self, text: str) -> None:
         self.text = text
         self.computations: dict[str, list[Instruction]] = {}
+        self.roots: dict[str, Instruction] = {}
         self.entry = ""
+        name = ""
         current: list[Instruction] | None = None
         for line in text.splitlines():
             header = _HEADER.match(line)
             if header:
-                current = self.computations.setdefault(header[2], [])
+                name = header[2]
+                current = self.computations.setdefault(name, [])
                 if header[1]:
                     self.entry = header[2]
                 continue
@@ -118,6 +121,8 @@ class HloText:
                 instruction = _split_instruction(line)
                 if instruction is not None:
                     current.append(instruction)
+                    if line.lstrip().startswith("ROOT "):
+                        self.roots[name] = instruction
 
     @cached_property
     def by_name(self) -> dict[str, Instruction]:
@@ -125,7 +130,8 @@ class HloText:
 
     def trip_count(self, loop: Instruction) -> int | None:
         """A while loop's trip count: from `known_trip_count`, else from its condition's
-        `counter < constant` (counter starting at the constant it is initialised with)."""
+        `counter < constant` (counter starting at the constant it is initialised with and
+        stepping by the constant its body adds; the TPU compiler's windowed einsums step by 2)."""
         known = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attributes)
         if known:
             return int(known[1])
@@ -136,20 +142,48 @@ class HloText:
             if i.opcode == "compare" and "direction=LT" in i.attributes:
                 names = _operand_names(i)
                 if len(names) == 2 and names[1] in constants:
-                    return int(constants[names[1]].operands) - self._start(loop, names[0], body)
+                    index = self._counter_index(names[0], body)
+                    span = int(constants[names[1]].operands) - self._start(loop, index)
+                    return -(-span // self._step(loop, index))
         return None
 
-    def _start(self, loop: Instruction, counter: str, condition: list[Instruction]) -> int:
-        """The counter's initial value, read through the while's initial tuple (0 if unknown)."""
+    @staticmethod
+    def _counter_index(counter: str, condition: list[Instruction]) -> int | None:
+        """Where in the loop's tuple the condition reads its counter."""
         element = next((i for i in condition if i.name == counter), None)
         index = re.search(r"index=(\d+)", element.attributes) if element else None
+        return None if index is None else int(index[1])
+
+    def _constant(self, name: str) -> int | None:
+        value = self.by_name.get(name)
+        if value is not None and value.opcode == "constant" and value.operands.isdigit():
+            return int(value.operands)
+        return None
+
+    def _start(self, loop: Instruction, index: int | None) -> int:
+        """The counter's initial value, read through the while's initial tuple (0 if unknown)."""
         init = self.by_name.get(_operand_names(loop)[0])
         if index is None or init is None or init.opcode != "tuple":
             return 0
-        value = self.by_name.get(_operand_names(init)[int(index[1])])
-        if value is not None and value.opcode == "constant" and value.operands.isdigit():
-            return int(value.operands)
-        return 0
+        return self._constant(_operand_names(init)[index]) or 0
+
+    def _step(self, loop: Instruction, index: int | None) -> int:
+        """What the body adds to the counter each trip (1 unless it adds another constant)."""
+        root = self.roots.get(dict(loop.called()).get("body") or "")
+        if index is None or root is None or root.opcode != "tuple":
+            return 1
+        update = self.by_name.get(_operand_names(root)[index])
+        if update is None or update.opcode != "add":
+            return 1
+        operands = [self.by_name.get(name) for name in _operand_names(update)]
+        reads_counter = any(
+            o is not None
+            and o.opcode == "get-tuple-element"
+            and re.search(rf"\bindex={index}\b", o.attributes)
+            for o in operands
+        )
+        steps = [self._constant(o.name) for o in operands if o is not None]
+        return next((step for step in steps if step), 1) if reads_counter else 1
 
     @cached_property
     def multiplicity(self) -> dict[str, int]:

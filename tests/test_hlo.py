@@ -136,3 +136,41 @@ def test_megascale_sends_are_counted_beside_collectives_of_the_same_channel():
     assert (found["send"].kind, found["send"].bytes) == ("all-reduce", 4 * 128 * 2)
     assert found["send"].groups.tolist() == [[0, 2], [1, 3]]  # one group per local index
     assert group_axes(found["send"].groups, {"data": 2, "fsdp": 2}) == ("data",)
+
+
+WINDOWED = """HloModule jit_step, is_scheduled=true
+
+%ring_body (p: (u32[], bf16[2,128])) -> (u32[], bf16[2,128]) {
+  %p = (u32[], bf16[2,128]) parameter(0)
+  %i = u32[] get-tuple-element(%p), index=0
+  %x = bf16[2,128]{1,0} get-tuple-element(%p), index=1
+  %one = u32[] constant(1)
+  %two = u32[] constant(2)
+  %left = bf16[2,128]{1,0} collective-permute(%x), channel_id=1, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  %right = bf16[2,128]{1,0} collective-permute(%left), channel_id=2, source_target_pairs={{0,3},{1,0},{2,1},{3,2}}
+  %unused = u32[] add(%i, %one)
+  %next = u32[] add(%i, %two)
+  ROOT %t = (u32[], bf16[2,128]) tuple(%next, %right)
+}
+
+%ring_cond (p: (u32[], bf16[2,128])) -> pred[] {
+  %p = (u32[], bf16[2,128]) parameter(0)
+  %i = u32[] get-tuple-element(%p), index=0
+  %n = u32[] constant(8)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: bf16[2,128]) -> (u32[], bf16[2,128]) {
+  %x = bf16[2,128]{1,0} parameter(0)
+  %zero = u32[] constant(0)
+  %init = (u32[], bf16[2,128]) tuple(%zero, %x)
+  ROOT %ring = (u32[], bf16[2,128]) while(%init), condition=%ring_cond, body=%ring_body
+}
+"""
+
+
+def test_a_loop_whose_counter_steps_by_two_runs_half_the_trips():
+    # The TPU compiler's windowed einsums count 0, 2, 4, 6 < 8: four trips, not eight.
+    hlo = HloText(WINDOWED)
+    assert {i.name: t for _, i, t in hlo.loops()} == {"ring": 4}
+    assert {c.name: c.count for c in collectives(hlo, 4)} == {"left": 4, "right": 4}
