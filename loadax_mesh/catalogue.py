@@ -100,6 +100,12 @@ class HardwareType:
             return f"tpu-{self.key}-<{self.count_unit}>[-<slices>]"
         return "gpu-" + self.key + "-<GPUs>" if self.platform == "gpu" else "cpu-<N> | cpu-<P>x<K>"
 
+    def whole_gpu_hosts(self, n: int) -> bool:
+        """Whether n GPUs are whole hosts of this type in whole NVLink domains (a count below
+        one domain is whole hosts inside it)."""
+        domain = self.nvlink_domain
+        return n % self.devices_per_host == 0 and (n <= domain or n % domain == 0)
+
     @property
     def counts(self) -> tuple[int, ...]:
         return tuple(t.count for t in self.topologies)

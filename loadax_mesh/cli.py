@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .cli_args import (
+    PICTURE_FLAGS,
     PLAN_FLAGS,
     Parser,
     UsageError,
@@ -76,11 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="e.g. tpu-v5p-512, "
             "tpu-v5litepod-256-4, gpu-p5.48xlarge-256, cpu-2x4 (`loadax-mesh hardware`)",
         )
-        for flag, (options, text) in {**PLAN_FLAGS, **WORKLOAD_FLAGS}.items():
-            if name != "plan" and flag in ("--svg", "--color"):
-                continue
-            if name != "plan" and flag == "--global-batch":
-                text = "sequences per step over the whole job"
+        picture = PICTURE_FLAGS if name == "plan" else {}
+        for flag, (options, text) in {**PLAN_FLAGS, **WORKLOAD_FLAGS, **picture}.items():
             command.add_argument(flag, **options, help=text)
     return parser
 

@@ -58,8 +58,10 @@ PLAN_FLAGS: dict[str, tuple[dict[str, Any], str]] = {  # flag: (argparse options
     ),
     "--global-batch": (
         {"type": positive_int, "metavar": "N"},
-        "show the rows of an N-row global batch each host loads",
+        "sequences per step over the whole job (plan: also the rows each host loads)",
     ),
+}
+PICTURE_FLAGS: dict[str, tuple[dict[str, Any], str]] = {  # plan's only
     "--svg": ({"metavar": "FILE"}, "also write the device grid picture as SVG"),
     "--color": (
         {"default": "auto", "choices": ["auto", "always", "never"]},

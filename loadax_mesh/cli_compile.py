@@ -58,7 +58,7 @@ def compile_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str]) 
     from .compile import compile_step
 
     model, train = specs(args)
-    with _progress(f"compiling {model.name} for {plan.hardware or 'these devices'}"):
+    with _progress(f"compiling {model.name} for {plan.hardware}"):
         report = compile_step(plan, model, train)
     if args.format == "json":
         print_json({**report.to_dict(), "notes": notes})
@@ -73,7 +73,7 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
     lines = [
         f"compiled   {report.model}, global batch {report.global_batch}, remat {report.remat}, "
         f"attention {report.attention}",
-        f"hardware   {report.hardware or 'unknown'}; mesh {mesh}",
+        f"hardware   {report.hardware}; mesh {mesh}",
         *(f"note       {n}" for n in notes),
         f"time       {report.compile_seconds:.1f} s",
         "",
@@ -85,7 +85,7 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
     lines.append(
         f"memory     {size_text(report.total_bytes)} per device of {hbm}: {verdict[report.fits]}"
     )
-    if report.hbm_bytes is not None and (report.hardware or "").startswith("gpu-"):
+    if report.hbm_bytes is not None and report.hardware.startswith("gpu-"):
         lines.append("           " + _gpu_pool(report.hbm_bytes))
     if report.argument_bytes is not None:
         parts = ("argument", "output", "temp", "alias")

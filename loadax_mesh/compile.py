@@ -54,7 +54,7 @@ class CollectiveItem:
 class CompileReport:
     """What compiling the reference step for a plan gave; bytes are per device."""
 
-    hardware: str | None
+    hardware: str
     mesh: dict[str, int]
     model: str
     global_batch: int

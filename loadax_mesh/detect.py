@@ -35,7 +35,11 @@ def detect_hardware(devices: Sequence[Any] | None = None) -> str:
         devices = jax.devices()
     if isinstance(devices, SimulatedDevices):
         return devices.hardware
-    table = read_devices(devices)
+    return name_devices(read_devices(devices))
+
+
+def name_devices(table: DeviceTable) -> str:
+    """The catalogue's string for devices already read, else their generic selector."""
     name, _ = match_catalogue(table)
     return name or generic_selector(table)
 
@@ -97,7 +101,7 @@ def _gpu_name(table: DeviceTable) -> tuple[str | None, str]:
     per_slice = None if table.slice_index is None else np.bincount(dense_rank(table.slice_index))
     for t in candidates:
         host, domain = t.devices_per_host, t.nvlink_domain
-        if n % host or (n > domain and n % domain) or (host % per_process).any():
+        if not t.whole_gpu_hosts(n) or (host % per_process).any():
             continue
         if per_slice is None or (per_slice == min(n, domain)).all() or (per_slice == host).all():
             return f"gpu-{t.key}-{n}", ""

@@ -197,7 +197,7 @@ def _parse_gpu(hardware: str, m: re.Match[str]) -> HardwareSpec:
         )
     n = _number(m["count"], hardware, "count")
     per_host, domain = t.devices_per_host, t.nvlink_domain
-    if n % per_host or (n > domain and n % domain):
+    if not t.whole_gpu_hosts(n):
         within = (
             f"{per_host}, {2 * per_host}, ..., {domain} (whole hosts of {per_host} in one "
             f"NVLink domain) or "

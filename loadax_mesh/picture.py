@@ -206,7 +206,7 @@ def render_svg(plan: PlanView) -> str:
     coords = np.unravel_index(np.arange(host.size), plan.devices.shape)
     cw, ch, top = 28, 20, 56
     left = max(64, 16 + _text_width(str((lines - 1) * view.per_line), 10))
-    title = f"{plan.hardware or 'devices'}: mesh {shape_text(plan)}"
+    title = f"{plan.hardware}: mesh {shape_text(plan)}"
     caption = (
         f"{view.lines} lines x {view.per_line} devices in mesh order (a line spans "
         f"{view.caption}); cell = host"

@@ -42,17 +42,15 @@ class MeshPlan:
         return dict(zip(self.axis_names, self.devices.shape, strict=True))
 
     @cached_property
-    def hardware(self) -> str | None:
-        """The hardware string: the one given, else detected from the devices (None where
-        detection cannot name them). Detected only when asked: planning does not pay for it."""
+    def hardware(self) -> str:
+        """The hardware string: the one given, else the name the devices' table gets from the
+        catalogue or, where it lists no such set, their generic selector. Named only when asked:
+        planning does not pay for it."""
         if self.selector is not None:
             return self.selector
-        from .detect import detect_hardware
+        from .detect import name_devices
 
-        try:
-            return detect_hardware(list(self.table.devices))
-        except MeshConfigError:
-            return None
+        return name_devices(self.table)
 
     @property
     def num_granules(self) -> int:
@@ -69,7 +67,7 @@ class MeshPlan:
 
         if isinstance(self.devices.flat[0], SimulatedDevice):
             raise MeshConfigError(
-                f"devices: this plan is over simulated devices ({self.hardware or 'stand-ins'}), "
+                f"devices: this plan is over simulated devices ({self.hardware}), "
                 "which cannot form a jax Mesh; accepted: real jax devices (plan with devices=None "
                 "or jax.devices())"
             )
