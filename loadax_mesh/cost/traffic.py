@@ -5,9 +5,9 @@ buffer over the group (all-gather's result, reduce-scatter's input, the others' 
 device and per step. What each role's axis carries:
 - FSDP: every layer's weights gathered in the forward pass and again in the backward pass (a
   full-remat recompute reuses the backward's), and its weight gradients reduced; the embedding
-  tables gathered and their gradients reduced. (Where the TPU compiler turns a gather into a
-  collective matmul, a ring of permutes inside the matmul, the gathered weight is not kept and
-  the recompute gathers it again: more bytes than counted here; see RESULTS.md.)
+  tables gathered and their gradients reduced. (Where the TPU compiler turns a gather or a
+  reduce-scatter into a collective matmul, a ring of permutes inside the matmul, the ring moves
+  the same bytes.)
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
 - Tensor (`model`): per layer two all-reduces of the layer's output in the forward pass, two of
   the input gradients in the backward pass and one more where full remat recomputes the
