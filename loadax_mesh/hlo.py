@@ -113,7 +113,7 @@ class HloText:
                 name = header[2]
                 current = self.computations.setdefault(name, [])
                 if header[1]:
-                    self.entry = header[2]
+                    self.entry = name
                 continue
             if line.rstrip() == "}":  # attribute text may also start a line with "}"
                 current = None
