@@ -123,6 +123,20 @@ def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | N
 
         config, ranking, source = auto_config(args)
     else:
+        given = [
+            flag
+            for flag, value, default in (
+                ("--model", args.model, None),
+                ("--remat", args.remat, "full"),
+                ("--attention", args.attention, "flash"),
+            )
+            if value != default
+        ]
+        if args.command == "plan" and given:
+            raise UsageError(
+                f"plan reads {given[0]} only with --strategy auto (to choose the mesh); "
+                "`loadax-mesh estimate` and `loadax-mesh compile` take it for a given strategy"
+            )
         config, source = config_from_args(args, selector)
     notes = [source, *_device_notes(devices)]
     return plan_with_notes(config, devices, selector, args.granule, notes), notes, ranking

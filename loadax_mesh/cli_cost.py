@@ -19,8 +19,17 @@ def specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec]:
     """The model and train spec the flags name (--model and --global-batch are required)."""
     from .workload import ModelSpec, TrainSpec
 
-    if args.model is None or args.global_batch is None:
-        raise UsageError(f"{args.command} needs --model M and --global-batch B (for the estimate)")
+    missing = [
+        f
+        for f, v in (("--model M", args.model), ("--global-batch B", args.global_batch))
+        if v is None
+    ]
+    if missing:
+        who, why = {
+            "plan": ("plan --strategy auto", "to choose the mesh"),
+            "estimate": ("estimate", "for the estimate"),
+        }.get(args.command, (args.command, "for the step it compiles"))
+        raise UsageError(f"{who} needs {' and '.join(missing)} ({why})")
     train = TrainSpec(global_batch=args.global_batch, remat=args.remat, attention=args.attention)
     return ModelSpec.from_name(args.model), train
 

@@ -47,6 +47,17 @@ def test_estimate_needs_a_model_and_batch(capsys):
     assert code == 2 and "model='gpt5' is not a known model" in err
 
 
+def test_workload_flags_name_what_is_missing_and_plan_reads_them_only_for_auto(capsys):
+    code, _, err = run(capsys, "plan", "tpu-v5p-512", "--strategy", "auto", "--model", "tiny")
+    assert code == 2 and "plan --strategy auto needs --global-batch B (to choose" in err
+    assert "--model M" not in err
+    code, _, err = run(capsys, "compile", "tpu-v5p-512", "--strategy", "fsdp", "--model", "tiny")
+    assert code == 2 and "compile needs --global-batch B (for the step it compiles)" in err
+    for flag, value in (("--model", "llama3-7b"), ("--remat", "dots"), ("--attention", "plain")):
+        code, _, err = run(capsys, "plan", "tpu-v5p-512", "--strategy", "fsdp", flag, value)
+        assert code == 2 and f"plan reads {flag} only with --strategy auto" in err, err
+
+
 def test_plan_auto_ranks_then_plans_the_winner(capsys):
     argv = ["plan", "tpu-v5p-128", "--strategy", "auto", "--model", "llama3-8b"]
     code, out, _ = run(capsys, *argv, "--global-batch", "64", "--format", "json")
