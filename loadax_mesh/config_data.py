@@ -44,9 +44,10 @@ class ConfigFields:
         batch = _check_names(self.batch_axis_names, field="batch_axis_names")
         unknown = [b for b in batch if b not in names]
         if unknown:
+            default = " (the default)" if self.batch_axis_names == "data" else ""
             raise MeshConfigError(
-                f"batch_axis_names={self.batch_axis_names!r} names {unknown}, which are not mesh "
-                f"axes; accepted: names from mesh_axis_names={names}"
+                f"batch_axis_names={self.batch_axis_names!r}{default} names {unknown}, which are "
+                f"not mesh axes; accepted: names from mesh_axis_names={names}"
             )
         if not isinstance(self.batch_axis_names, str):
             object.__setattr__(self, "batch_axis_names", batch)

@@ -131,7 +131,10 @@ BAD = [
     (lambda: MeshConfig((2, 4), ("data", "")), "non-empty"),
     (lambda: MeshConfig((2, 4), ("data", 3)), "holds 3"),
     (lambda: MeshConfig((2, 4), "data"), "mesh_axis_names='data'"),
-    (lambda: MeshConfig((2, 4), ("batch", "model")), "batch_axis_names='data'.*not mesh axes"),
+    (
+        lambda: MeshConfig((2, 4), ("batch", "model")),
+        r"batch_axis_names='data' \(the default\).*not mesh axes",
+    ),
     (lambda: MeshConfig((2, 4), NAMES, ("data", "data")), "batch_axis_names.*repeats"),
     (lambda: MeshConfig((2, 4), NAMES, ()), "batch_axis_names"),
     (lambda: MeshConfig((2, 4), NAMES, mesh_rules=(("tpu-(", (2, 4)),)), "not a valid regex"),
