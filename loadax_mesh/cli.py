@@ -139,7 +139,14 @@ def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | N
             )
         config, source = config_from_args(args, selector)
     notes = [source, *_device_notes(devices)]
-    return plan_with_notes(config, devices, selector, args.granule, notes), notes, ranking
+    try:
+        plan = plan_with_notes(config, devices, selector, args.granule, notes)
+    except MeshConfigError as err:
+        if not args.overrides:
+            raise
+        given = " ".join(f"--set {item}" for item in args.overrides)
+        raise MeshConfigError(f"{err} (the preset's shape after {given})") from None
+    return plan, notes, ranking
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

@@ -172,7 +172,7 @@ def _overrides(items: list[str]) -> dict[str, int]:
     for item in items:
         match = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(-?[0-9]+)\s*", item)
         if match is None:
-            raise UsageError(f"--set {item!r}; accepted: AXIS=SIZE such as tp=8")
+            raise UsageError(f"--set {item!r}; accepted: AXIS=SIZE with SIZE an integer, e.g. tp=8")
         result[match[1]] = int(match[2])
     return result
 

@@ -101,7 +101,10 @@ def load_preset(name: str, **overrides: Any) -> ConfigFields:
     parts: dict[int, str] = {}
     for keyword, value in overrides.items():
         if keyword not in by_keyword:
-            accepted = ", ".join(f"{k} ({a})" if k != a else k for k, a, _ in preset.overrides)
+            keywords: dict[str, list[str]] = {}  # by the axis they size
+            for k, a, _ in preset.overrides:
+                keywords.setdefault(a, []).append(k)
+            accepted = ", ".join(" or ".join(ks) for ks in keywords.values())
             raise MeshConfigError(
                 f"preset {name}: override {keyword}={value!r} is unknown; accepted: {accepted}"
             )

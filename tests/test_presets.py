@@ -260,7 +260,7 @@ def test_override_without_effect_keeps_the_plan():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"sp": 4}, r"override sp=4 is unknown; accepted: dp \(data\), fsdp, tp \(model\)"),
+        ({"sp": 4}, "override sp=4 is unknown; accepted: dp or data, fsdp, tp or model"),
         ({"tp": 0}, r"tp=0; accepted: a positive int"),
         ({"tp": -1}, r"tp=-1; accepted: a positive int"),
         ({"tp": 2.5}, r"tp=2.5 \(float\); accepted"),

@@ -217,6 +217,11 @@ def test_plan_preset_override(capsys):
     assert data["devices"] == expected.to_dict()["devices"]
 
 
+def test_a_preset_shape_that_fails_after_an_override_names_the_override(capsys):
+    code, _, err = run(capsys, "plan", "tpu-v5p-512", "--strategy", "fsdp", "--set", "fsdp=3")
+    assert code == 2 and "does not divide 256" in err and "after --set fsdp=3" in err
+
+
 def test_plan_shape_with_a_strategy_keeps_its_axes(capsys):
     code, out, _ = run(
         capsys,
