@@ -94,7 +94,7 @@ def test_layout_rules_and_what_does_not_divide():
     assert r.mesh_axes(("batch", "seq", "vocab")) == (("data", "fsdp"), None, "model")
     assert r.shards(("vocab", "embed")) == 4
     mesh = MeshConfig((1, 4, 2), ("data", "fsdp", "model")).create_device_mesh()
-    with pytest.raises(MeshConfigError, match="global_batch=6 does not divide over the batch"):
+    with pytest.raises(MeshConfigError, match="global_batch=6 does not divide by the data"):
         make_step(mesh, TINY, TrainSpec(global_batch=6), batch_axes=("data", "fsdp"))
     mesh = MeshConfig((1, 8), ("data", "model")).create_device_mesh()
     three = ModelSpec(**{**GOOD, "num_heads": 4, "num_kv_heads": 4, "d_ff": 100})

@@ -120,8 +120,8 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
     batch = r.size("batch")
     if train.global_batch % batch:
         raise MeshConfigError(
-            f"global_batch={train.global_batch} does not divide over the batch axes "
-            f"{list(r.batch)} (data-parallel degree {batch}); accepted: a multiple of {batch}"
+            f"global_batch={train.global_batch} does not divide by the data-parallel degree "
+            f"{batch} (batch axes {', '.join(r.batch)}); accepted: a positive multiple of {batch}"
         )
     dims = {
         "model": (

@@ -82,7 +82,9 @@ class ModelSpec:
         """The model in configs/models/<name>.toml."""
         names = list_models()
         if not isinstance(name, str) or name not in names:
-            raise MeshConfigError(f"model={name!r} is not a known model; accepted: {names}")
+            raise MeshConfigError(
+                f"model={name!r} is not a known model; accepted: {', '.join(names)}"
+            )
         return cls.from_toml(str(config_path("models", f"{name}.toml")))
 
     @classmethod
