@@ -29,7 +29,7 @@ class MeshPlan:
     axis_names: tuple[str, ...]
     ici_mesh_shape: tuple[int, ...]
     dcn_mesh_shape: tuple[int, ...]
-    devices: np.ndarray  # object array of devices, shaped like the mesh
+    devices: np.ndarray = field(repr=False)  # object array of devices, shaped like the mesh
     granule_kind: str  # "slice", "process", "none" or "custom"
     selector: str | None  # the hardware string the caller or the device set gave, if any
     batch_axis_names: tuple[str, ...]
