@@ -123,20 +123,8 @@ def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | N
 
         config, ranking, source = auto_config(args)
     else:
-        given = [
-            flag
-            for flag, value, default in (
-                ("--model", args.model, None),
-                ("--remat", args.remat, "full"),
-                ("--attention", args.attention, "flash"),
-            )
-            if value != default
-        ]
-        if args.command == "plan" and given:
-            raise UsageError(
-                f"plan reads {given[0]} only with --strategy auto (to choose the mesh); "
-                "`loadax-mesh estimate` and `loadax-mesh compile` take it for a given strategy"
-            )
+        if args.command == "plan":
+            _refuse_workload_flags(args)
         config, source = config_from_args(args, selector)
     notes = [source, *_device_notes(devices)]
     try:
@@ -144,9 +132,27 @@ def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | N
     except MeshConfigError as err:
         if not args.overrides:
             raise
-        given = " ".join(f"--set {item}" for item in args.overrides)
-        raise MeshConfigError(f"{err} (the preset's shape after {given})") from None
+        overrides = " ".join(f"--set {item}" for item in args.overrides)
+        raise MeshConfigError(f"{err} (the preset's shape after {overrides})") from None
     return plan, notes, ranking
+
+
+def _refuse_workload_flags(args: argparse.Namespace) -> None:
+    """`plan` reads the workload flags only to choose the mesh: given otherwise, say so."""
+    given = [
+        flag
+        for flag, value, default in (
+            ("--model", args.model, None),
+            ("--remat", args.remat, "full"),
+            ("--attention", args.attention, "flash"),
+        )
+        if value != default
+    ]
+    if given:
+        raise UsageError(
+            f"plan reads {given[0]} only with --strategy auto (to choose the mesh); "
+            "`loadax-mesh estimate` and `loadax-mesh compile` take it for a given strategy"
+        )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
