@@ -80,6 +80,11 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
     ]
     if report.message:
         lines.append(f"refused    {report.message}")
+        lines.append(
+            "           (the TPU compiler gives this figure after rematerialising more to squeeze "
+            "the step: as written it needs at least this much; `loadax-mesh estimate` says how "
+            "much)"
+        )
     hbm = "?" if report.hbm_bytes is None else size_text(report.hbm_bytes)
     verdict = {True: "fits", False: "does NOT fit", None: "fit unknown (no HBM in the catalogue)"}
     lines.append(

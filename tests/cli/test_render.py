@@ -163,3 +163,19 @@ def test_show_shape_and_text_table():
         "data             16",
         "tensor-parallel  4",
     ]
+
+
+def test_a_refused_compile_says_its_figure_is_after_extra_remat():
+    from loadax_mesh.cli_compile import render_report
+    from loadax_mesh.compile import CompileReport
+
+    refused = CompileReport(
+        hardware="tpu-v5litepod-256", mesh={"fsdp": 256}, model="llama3-70b", global_batch=256,
+        remat="full", attention="splash", compile_seconds=1.0, argument_bytes=None,
+        output_bytes=None, temp_bytes=None, alias_bytes=None, total_bytes=21_784_202_752,
+        hbm_bytes=16_911_433_728, fits=False, flops=None, collectives=(),
+        message="RESOURCE_EXHAUSTED: Ran out of memory on HBM",
+    )  # fmt: skip
+    text = render_report(refused, [])
+    assert "refused    RESOURCE_EXHAUSTED" in text and "does NOT fit" in text
+    assert "after rematerialising more" in text and "loadax-mesh estimate" in text
