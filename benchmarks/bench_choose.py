@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from loadax_mesh import choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
+from loadax_mesh.picture import shape_text
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 # (hardware, model, global batch)
@@ -52,7 +53,7 @@ def measure(hardware: str, name: str, batch: int, rounds: int) -> str:
     unit = median_seconds(
         lambda: estimate(config.plan(devices, selector=hardware), model, train), rounds
     )
-    winner = " x ".join(f"{a}={s}" for a, s in ranking[0].estimate.mesh.items() if s > 1)
+    winner = shape_text(ranking[0].estimate.mesh, drop_ones=True)
     return (
         f"{hardware} | {name} | {batch} | {search:.3f} | {unit:.3f} | {ranking.considered} | "
         f"{ranking.planned} | {winner}"

@@ -42,7 +42,8 @@ PLAN_FLAGS: dict[str, tuple[dict[str, Any], str]] = {  # flag: (argparse options
     ),
     "--strategy": (
         {"metavar": "PRESET"},
-        "a preset (`loadax-mesh presets`); its rules pick the shape",
+        "a preset (`loadax-mesh presets`), whose rules pick the shape, or auto: the cost model "
+        "chooses it (with --model and --global-batch)",
     ),
     "--set": (
         {"dest": "overrides", "action": "append", "default": [], "metavar": "AXIS=SIZE"},
@@ -83,7 +84,7 @@ def config_from_args(args: argparse.Namespace, selector: str) -> tuple[MeshConfi
     if args.strategy is None:
         if args.shape is None:
             raise UsageError(
-                f"{args.command} needs --strategy (one of auto, {_preset_names()}) or --shape with "
+                f"{args.command} needs --strategy (one of {_strategy_names()}) or --shape with "
                 "--axes"
             )
         if args.axes is None:
@@ -188,7 +189,7 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=1))
 
 
-def _preset_names() -> str:
-    from .presets import list_presets
+def _strategy_names() -> str:
+    from .presets import strategy_names
 
-    return ", ".join(list_presets())
+    return ", ".join(strategy_names())

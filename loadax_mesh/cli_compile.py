@@ -69,7 +69,9 @@ def compile_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str]) 
 
 def render_report(report: CompileReport, notes: list[str]) -> str:
     """The compile report as text: memory against HBM, FLOPs, collectives per kind and axes."""
-    mesh = " x ".join(f"{k}={v}" for k, v in report.mesh.items())
+    from .picture import shape_text
+
+    mesh = shape_text(report.mesh)
     lines = [
         f"compiled   {report.model}, global batch {report.global_batch}, remat {report.remat}, "
         f"attention {report.attention}",
@@ -142,9 +144,9 @@ def collective_table(report: CompileReport) -> str:
 
 
 def _gpu_pool(usable: int) -> str:
-    from .catalogue import catalogue
+    from .gpu_targets import gpu_pool_fraction
 
-    fraction = dict(catalogue().gpu_client)["mem_fraction"].value
+    fraction = gpu_pool_fraction()
     return (
         f"{size_text(usable)}: the pool jax's GPU client preallocates, {fraction:g} of the "
         f"{size_text(usable / fraction)} the GPU reports (XLA_CLIENT_MEM_FRACTION)"

@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, Any, cast
 
 from .cli_args import UsageError, print_json, size_text
+from .picture import shape_text
 
 if TYPE_CHECKING:
     from .config import MeshConfig
@@ -66,7 +67,7 @@ def ranking_text(ranking: Ranking) -> str:
         rows.append(
             [
                 f"{k}.",
-                " x ".join(f"{a}={s}" for a, s in e.mesh.items() if s > 1) or "1 device",
+                shape_text(e.mesh, drop_ones=True) or "1 device",
                 f"{_shape(c.ici)} x {_shape(c.dcn)}",
                 f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB",
                 f"{e.step_seconds:.3f} s",
@@ -109,7 +110,7 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
     """One estimate's breakdown: memory terms and phases, compute, each axis's collectives."""
     from .render import text_table
 
-    mesh = " x ".join(f"{a}={s}" for a, s in e.mesh.items())
+    mesh = shape_text(e.mesh)
     verdict = "fits" if e.fits else "does NOT fit"
     lines = [
         f"estimate   {e.model}, global batch {e.global_batch}, remat {e.remat} on {e.hardware}",

@@ -39,6 +39,11 @@ def device_memory(device_kind: str) -> int | None:
     return None if found is None else int(found[1])
 
 
+def gpu_pool_fraction() -> float:
+    """The share of a GPU's memory jax's GPU client preallocates (`[gpu_client] mem_fraction`)."""
+    return float(dict(catalogue().gpu_client)["mem_fraction"].value)
+
+
 def device_hbm(t: HardwareType) -> float | None:
     """Memory one JAX device may use, in bytes; None where the catalogue does not know.
 
@@ -49,8 +54,7 @@ def device_hbm(t: HardwareType) -> float | None:
     """
     if t.platform == "gpu":
         total = device_memory(t.device_kind)
-        fraction = dict(catalogue().gpu_client)["mem_fraction"].value
-        return None if total is None else float(fraction) * total
+        return None if total is None else gpu_pool_fraction() * total
     usable = t.fact("hbm_usable")
     if usable is not None and usable.base is not None:
         return usable.base

@@ -115,9 +115,9 @@ def _caption(shape: tuple[int, ...], names: tuple[str, ...], per_line: int) -> s
     return " x ".join(reversed(parts)) or "one device"
 
 
-def shape_text(plan: PlanView) -> str:
-    """The mesh shape as `data=2 x model=4`."""
-    return " x ".join(f"{a}={n}" for a, n in plan.shape.items())
+def shape_text(shape: dict[str, int], *, drop_ones: bool = False) -> str:
+    """A mesh shape as `data=2 x model=4` (`drop_ones`: without the axes of size 1)."""
+    return " x ".join(f"{a}={n}" for a, n in shape.items() if n > 1 or not drop_ones)
 
 
 def _cell_data(plan: PlanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -206,7 +206,7 @@ def render_svg(plan: PlanView) -> str:
     coords = np.unravel_index(np.arange(host.size), plan.devices.shape)
     cw, ch, top = 28, 20, 56
     left = max(64, 16 + _text_width(str((lines - 1) * view.per_line), 10))
-    title = f"{plan.hardware}: mesh {shape_text(plan)}"
+    title = f"{plan.hardware}: mesh {shape_text(plan.shape)}"
     caption = (
         f"{view.lines} lines x {view.per_line} devices in mesh order (a line spans "
         f"{view.caption}); cell = host"

@@ -51,6 +51,12 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in config_path("presets").glob("*.toml"))
 
 
+def strategy_names() -> list[str]:
+    """What `MeshConfig.from_preset` and the CLI's --strategy take: "auto" (the cost model's
+    choice) and every preset."""
+    return ["auto", *list_presets()]
+
+
 def get_preset(name: str) -> Preset:
     """Read and check one preset file (once per process)."""
     names = list_presets()

@@ -192,7 +192,7 @@ def render_text(
     hw = hardware_summary(plan)
     lines = [*_hardware_text(hw, plan), *(f"note       {note}" for note in notes), ""]
     lines += [
-        f"mesh       {shape_text(plan)}",
+        f"mesh       {shape_text(plan.shape)}",
         f"  {'axis':<16} {'size':>6} {'ici':>6} {'dcn':>5} {'ring eff':>9} {'steps/hops':>13} "
         f"{'dcn crossings':>14}",
     ]

@@ -27,7 +27,7 @@ from ..plan import MeshPlan, plan_config
 from ..shapes import HybridMeshShape
 from ..workload.layout import ROLE_NAMES, Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
-from .estimate import Estimate, estimate_parts
+from .estimate import Estimate, estimate_parts, holds_tables
 from .facts import device_facts
 from .memory import memory_terms, phases
 
@@ -99,24 +99,23 @@ def rank_meshes(
             _count(ranking.pruned, "the model or batch does not divide", splits)
             continue
         batch_ok = True
-        memory = {  # by whether the batch spans granules (see memory.memory_terms)
-            across: memory_terms(model, train, r, facts.tile, batch_across_granules=across)
-            for across in (False, True)
-        }
+        memory: dict[bool, dict[str, int]] = {}  # by estimate.holds_tables
         for dcn in _dcn_splits(sizes, granules):
             ranking.considered += 1
             if any(d > 1 and a in (r.model, r.seq) for a, d in zip(names, dcn, strict=True)):
                 _count(ranking.pruned, "tensor or sequence axis across granules", 1)
                 continue
-            across = any(d > 1 and a in batch for a, d in zip(names, dcn, strict=True))
-            terms = memory[across and facts.platform == "tpu"]
+            ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
+            factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
+            held = holds_tables(facts, r, factors)
+            if held not in memory:
+                memory[held] = memory_terms(model, train, r, facts.tile, batch_across_granules=held)
+            terms = memory[held]
             peak = sum(terms[k] for k in phases(terms)[1])
             if peak > facts.hbm_bytes * (1 - headroom):
                 smallest = peak if smallest is None else min(smallest, peak)
                 _count(ranking.pruned, f"does not fit in {1 - headroom:.0%} of HBM", 1)
                 continue
-            ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
-            factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
             bound = _key(estimate_parts(model, train, r, factors, {}, facts, terms=terms))
             fitting.append((bound, r, ici, dcn))
     if not batch_ok:

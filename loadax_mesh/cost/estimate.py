@@ -91,8 +91,9 @@ def estimate_parts(
     """The estimate from its parts (what `choose_mesh` varies without building a plan);
     `terms` are the memory terms when already computed (they do not depend on the plan)."""
     if terms is None:
-        across = facts.platform == "tpu" and any(factors[a][1] > 1 for a in r.batch)
-        terms = memory_terms(model, train, r, facts.tile, batch_across_granules=across)
+        terms = memory_terms(
+            model, train, r, facts.tile, batch_across_granules=holds_tables(facts, r, factors)
+        )
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
     flops, model_flops = step_flops(model, train, r)
@@ -150,6 +151,12 @@ def _bottleneck(compute: float, hidden: float, axes: dict[str, AxisTraffic]) -> 
     if slowest is not None and hidden > compute:
         return f"{slowest.role} axis {slowest.axis!r} ({_where(slowest)}; hides no more)"
     return "compute"
+
+
+def holds_tables(facts: DeviceFacts, r: Roles, factors: dict[str, tuple[int, int]]) -> bool:
+    """Whether the step holds the embedding tables' gradients for a reduction across TPU
+    slices (a batch axis with a DCN factor; see memory.memory_terms)."""
+    return facts.platform == "tpu" and any(factors[a][1] > 1 for a in r.batch)
 
 
 def _where(a: AxisTraffic) -> str:
