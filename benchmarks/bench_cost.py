@@ -2,10 +2,11 @@
 
 For each case the plan is made on the compile-only devices (libtpu for TPU, XLA's CUDA client
 for GPU), `estimate` reads it, and `compile_step` compiles the reference step for it. Printed:
-memory per device (estimate / compiled), whether both say it fits, and per mesh axis the
-collective bytes per step (estimate / compiled). Collectives the compiler runs over several axes
-at once join those axes into one row. GPU rows also compare the bytes that cross granules
-(NVLink domains). Targets: memory within 20%, fits agreeing, bytes within 25%.
+memory per device (estimate / compiled; where the TPU compiler refuses, the step as written, and
+beside it the figure its own extra remat squeezed it to), whether both say it fits, and per mesh
+axis the collective bytes per step (estimate / compiled). Collectives the compiler runs over
+several axes at once join those axes into one row. GPU rows also compare the bytes that cross
+granules (NVLink domains). Targets: memory within 20%, fits agreeing, bytes within 25%.
 
     python benchmarks/bench_cost.py [--cache DIR] [--only SUBSTRING] [--markdown]
 
@@ -26,7 +27,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from loadax_mesh import MeshConfig
 from loadax_mesh.cost import estimate
-from loadax_mesh.hardware import catalogue_spec
 from loadax_mesh.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
@@ -79,16 +79,6 @@ def config(preset: str) -> MeshConfig:
     return MeshConfig.from_preset(name, **{k: int(v) for k, v in sizes.items()})
 
 
-def roomier(hardware: str) -> str | None:
-    """The same number of TPU chips as v5p (95 GiB each, the most of the catalogue's one-device
-    chips): where a smaller TPU refuses a step, the compiler's figure there is after extra
-    rematerialisation to squeeze it, not what the step as written needs."""
-    spec = catalogue_spec(hardware)
-    if spec is None or spec.type.platform != "tpu" or spec.type.key == "v5p" or spec.slices > 1:
-        return None
-    return f"tpu-v5p-{2 * spec.chips}"
-
-
 def clusters(report: dict[str, Any], axes: list[str]) -> list[tuple[str, ...]]:
     """Axes joined where the compiler runs a collective over several of them at once (more
     than 1% of its bytes): each such set is compared as one row."""
@@ -119,17 +109,12 @@ def compare(case: tuple[Any, ...], cache: Path | None) -> dict[str, Any]:
         want_across = sum(est.axes[a].across_granules for a in group)
         if got or want:
             rows.append((",".join(group), want, got, want_across, across))
-    room = roomier(hardware) if refused else None
-    if room is not None:  # the same step where it fits
-        roomy = config(preset).plan(topology_devices(room))
-        assert roomy.shape == plan.shape, (roomy.shape, plan.shape)
-        room_total = compiled((room, *case[1:]), roomy, cache)["total_bytes"]
     return {
         "case": case,
         "mesh": "x".join(f"{k}{v}" for k, v in plan.shape.items() if v > 1),
         "memory": (est.memory_bytes, report["total_bytes"]),
         "fits": (est.fits, report["fits"]),
-        "room": None if room is None else (room, room_total),
+        "squeezed": report.get("squeezed_bytes"),
         "axes": rows,
         "gpu": hardware.startswith("gpu"),
         "seconds": time.perf_counter() - start,
@@ -171,11 +156,8 @@ def main() -> None:
             ok &= good
         hardware, preset, name, batch, remat = r["case"]
         memory = f"{want / 1e9:.2f}/{got / 1e9:.2f} ({_ratio(want, got)})"
-        if r["room"] is not None:
-            room, room_total = r["room"]
-            memory += (
-                f"; where it fits, {room}: {room_total / 1e9:.2f} ({_ratio(want, room_total)})"
-            )
+        if r["squeezed"] is not None:
+            memory += f"; refused, squeezed to {r['squeezed'] / 1e9:.2f}"
         cells = [
             hardware, preset, r["mesh"], name, str(batch), remat, memory,
             f"{fit_est}/{fit_comp}", "; ".join(axes) or "-", "ok" if ok else "MISS",

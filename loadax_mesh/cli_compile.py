@@ -82,11 +82,11 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
     ]
     if report.message:
         lines.append(f"refused    {report.message}")
-        lines.append(
-            "           (the TPU compiler gives this figure after rematerialising more to squeeze "
-            "the step: as written it needs at least this much; `loadax-mesh estimate` says how "
-            "much)"
-        )
+        if report.squeezed_bytes is not None:
+            lines.append(
+                f"           (the figure below is the step as written; the compiler's own extra "
+                f"remat got it to {size_text(report.squeezed_bytes)}, still too much)"
+            )
     hbm = "?" if report.hbm_bytes is None else size_text(report.hbm_bytes)
     verdict = {True: "fits", False: "does NOT fit", None: "fit unknown (no HBM in the catalogue)"}
     lines.append(

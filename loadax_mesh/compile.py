@@ -29,6 +29,10 @@ _REFUSAL = re.compile(
     r"required for [\w ]+\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)"
 )
 _SCALE = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# Out of HBM, libtpu rematerialises buffers beyond the step's own remat policy before it gives
+# up, so its figure is for a rewritten step. With no buffer large enough to be a candidate
+# (1 PiB) it reports the step as written.
+_AS_WRITTEN = {"xla_tpu_rematerialization_min_size_in_bytes": 2**50}
 
 
 @dataclass(frozen=True)
@@ -65,12 +69,13 @@ class CompileReport:
     output_bytes: int | None
     temp_bytes: int | None
     alias_bytes: int | None
-    total_bytes: int  # argument + output + temp - alias (or the compiler's figure on refusal)
+    total_bytes: int  # argument + output + temp - alias (on refusal: the step as written)
     hbm_bytes: int | None  # what one device may use (catalogue), None if unknown
     fits: bool | None
     flops: float | None  # per device per step; None where no cost analysis answered
     collectives: tuple[CollectiveItem, ...]
     message: str | None = None  # the compiler's refusal, when it refused
+    squeezed_bytes: int | None = None  # on refusal: after the compiler's own extra remat
 
     def bytes_across(self) -> dict[str, int | None]:
         """Collective bytes per step: in all, inside hosts, across hosts and across granules
@@ -97,9 +102,10 @@ class CompileReport:
 
 def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileReport:
     """Compile the reference step for `plan` (its devices must be real or compile-only jax
-    devices). A TPU compile refused for lack of HBM gives a report with `fits` False and the
-    compiler's figures; the GPU compiler never refuses, and `fits` compares its figures with
-    the catalogue's. Any other compile error propagates."""
+    devices). A TPU compile refused for lack of HBM gives a report with `fits` False, what the
+    step as written needs and what the compiler's extra remat got it down to; the GPU compiler
+    never refuses, and `fits` compares its figures with the catalogue's. Any other compile
+    error propagates."""
     import jax
 
     from .hardware import catalogue_spec
@@ -125,22 +131,25 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     try:
         compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as err:
-        refusal = _REFUSAL.search(str(err))
-        if "RESOURCE_EXHAUSTED" not in str(err) or refusal is None:
-            raise
-        need, have = (float(refusal[i]) * _SCALE[refusal[i + 1]] for i in (1, 3))
+        squeezed, have = _refusal(err)
+        as_written = squeezed
+        try:  # the same refusal, with the compiler's extra remat off (seconds: it fails early)
+            lowered.compile(compiler_options=_AS_WRITTEN)
+        except jax.errors.JaxRuntimeError as again:
+            as_written = _refusal(again)[0]
         return CompileReport(
-            **{**common, "hbm_bytes": int(have)},  # type: ignore[arg-type]
+            **{**common, "hbm_bytes": have},  # type: ignore[arg-type]
             compile_seconds=time.perf_counter() - start,
             argument_bytes=None,
             output_bytes=None,
             temp_bytes=None,
             alias_bytes=None,
-            total_bytes=int(need),
+            total_bytes=as_written,
             fits=False,
             flops=None,
             collectives=(),
             message=str(err).strip().splitlines()[0],
+            squeezed_bytes=squeezed,
         )
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
@@ -184,6 +193,15 @@ def _per_step(parts: list[tuple[int | None, int]]) -> int | None:
     if any(size is None for size, _ in parts):
         return None
     return sum((size or 0) * count for size, count in parts)
+
+
+def _refusal(err: Exception) -> tuple[int, int]:
+    """(bytes needed, bytes available) from a TPU out-of-HBM refusal; any other error is
+    raised again."""
+    found = _REFUSAL.search(str(err))
+    if "RESOURCE_EXHAUSTED" not in str(err) or found is None:
+        raise err
+    return int(float(found[1]) * _SCALE[found[2]]), int(float(found[3]) * _SCALE[found[4]])
 
 
 def _axes(c: Collective, mesh_shape: dict[str, int]) -> tuple[str, ...] | None:
