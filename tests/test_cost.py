@@ -40,9 +40,12 @@ def test_memory_counted_by_hand():
     # One layer's weights gathered three times over, its intermediates recomputed and their
     # gradients: per token 5 d_model-wide tensors, q, rotated q and the attention output
     # (8 heads), k, v and rotated k (2 heads), gate, up and gated; the two norms' float32
-    # inputs; the attention's log-sum-exp (float32, per head and token).
+    # inputs; the splash kernel's float32 buffers: its log-sum-exp per head and token, written
+    # over 128 lanes, and six accumulators of a 128-row block by 128 lanes (running max and
+    # sum, output; dq, dk, dv: head_dim 128).
     per_token = 5 * D + 3 * 8 * 128 + 3 * 2 * 128 + 3 * F
-    intermediates = tokens * per_token * cd + 2 * tokens * D * 4 + 8 * tokens * 4
+    kernel = 8 * tokens * 128 * 4 + 6 * 128 * 128 * 4
+    intermediates = tokens * per_token * cd + 2 * tokens * D * 4 + kernel
     assert e.terms["layer"] == 3 * layer_weights * cd + 2 * intermediates
     always = e.terms["params"] + e.terms["optimizer"] + e.terms["batch"]
     loop = always + e.terms["activations"] + e.terms["gradients"] + e.terms["layer"]
@@ -75,6 +78,19 @@ def test_collectives_and_compute_counted_by_hand():
     hidden = fsdp.seconds
     assert e.step_seconds == pytest.approx(max(e.compute_seconds, hidden))
     assert e.bottleneck in ("compute", "fsdp axis 'fsdp' (ICI; hides no more)")
+
+
+def test_only_tpu_splash_attention_holds_the_kernels_buffers():
+    """The splash kernel's lane-wide log-sum-exp and accumulators are TPU-only; elsewhere the
+    log-sum-exp is one float32 per head and token."""
+    from loadax_mesh.cost.memory import memory_terms
+    from loadax_mesh.workload.layout import roles
+
+    r = roles([("data", 1), ("fsdp", 8)], ["data", "fsdp"])
+    train = TrainSpec(global_batch=8)
+    tpu, gpu = (memory_terms(SMALL, train, r, tile)["layer"] for tile in ((8, 128), None))
+    kernel = 8 * 128 * 128 * 4 + 6 * 128 * 128 * 4  # as counted by hand above
+    assert tpu - gpu == 2 * (kernel - 8 * 128 * 4)  # full remat: recomputed, and gradients
 
 
 def test_remat_policies_order_the_memory():

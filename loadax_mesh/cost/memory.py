@@ -6,9 +6,9 @@ can set the peak: the head of the backward pass (saved layer inputs, every gradi
 logits and their gradient, a gathered embedding table and its gradient), the layer loop (saved
 inputs, every gradient shard and, across data-parallel axes, their compute-dtype copy; one
 layer's weights gathered, twice for prefetch and once as their gradient before it is reduced;
-its intermediates, recomputed under full remat, and their gradients) and the tail (gradient
-shards, a table and its gradient). The largest is the peak. On TPU every array is stored in
-whole memory tiles.
+its intermediates, recomputed under full remat, and their gradients; on TPU the splash kernel's
+float32 buffers among them) and the tail (gradient shards, a table and its gradient). The
+largest is the peak. On TPU every array is stored in whole memory tiles.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..workload.layout import Roles, param_shapes
+from ..workload.layout import Roles, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 
 
@@ -87,9 +87,10 @@ def layer_weights(model: ModelSpec, m: int) -> int:
 
 
 def _intermediates(
-    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles
+    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, *, splash: bool
 ) -> dict[str, tuple[tuple[int, ...], int]]:
-    """One layer's forward intermediates on one device: name -> (shape, bytes per element)."""
+    """One layer's forward intermediates on one device: name -> (shape, bytes per element);
+    `splash`: attention is TPU's splash kernel."""
     cd = dtype_bytes(train.compute_dtype)
     r, s, d, hd = sh.rows, sh.seq, model.d_model, model.head_dim
     found = {
@@ -119,7 +120,18 @@ def _intermediates(
     if train.attention == "plain":  # float32 scores and compute-dtype probabilities
         scores = (r, sh.heads, s, model.seq_len)
         found |= {"scores": (scores, 4), "probabilities": (scores, cd)}
+    if splash:  # jax's kernel: its out_shapes in splash_attention_kernel.py, one per row (vmap)
+        bq, bkv = splash_blocks(model.seq_len, roles)
+        found["attention logsumexp"] = ((r, sh.heads, s, _LANES), 4)  # written lane-broadcast
+        widths = (_LANES, _LANES, hd, hd, hd, hd)
+        blocks = (bq, bq, bq, bq, bkv, bkv)
+        found |= {n: ((r, b, w), 4) for n, b, w in zip(_SCRATCH, blocks, widths, strict=True)}
     return found
+
+
+_LANES = 128  # the splash kernel's NUM_LANES
+# Its float32 accumulators: the forward's running max, sum and output, the backward's dq, dk, dv.
+_SCRATCH = ("kernel max", "kernel sum", "kernel output", "kernel dq", "kernel dk", "kernel dv")
 
 
 # A layer's backward pass holds the gradients of its intermediates, and under full remat also
@@ -146,10 +158,12 @@ def layer_bytes(
     for the backward pass, stacked over the layers in the layout their producer gave them
     (head_dim minor for the attention kernel's operands); else all of them, as temporaries of
     the layer being differentiated, which the compiler lays out freely."""
-    found = _intermediates(model, train, sh, roles)
-    keep = _SAVED.get(train.remat, tuple(found)) if saved else tuple(found)
+    splash = tile is not None and train.attention == "flash"
+    found = _intermediates(model, train, sh, roles, splash=splash)
+    everything = tuple(n for n in found if not (saved and n in _SCRATCH))  # never read again
+    keep = _SAVED.get(train.remat, everything) if saved else everything
     return sum(
-        stored(shape, nbytes, tile, minor=-1 if saved and name in _KERNEL else None)
+        stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
         for name, (shape, nbytes) in found.items()
         if name in keep
     )
@@ -157,6 +171,12 @@ def layer_bytes(
 
 # The attention kernel's operands and result: head_dim is their minor dim.
 _KERNEL = ("rotated q", "rotated k", "v", "gathered k", "gathered v", "attention")
+
+
+def _fixed(name: str, saved: bool) -> bool:
+    """Whether the kernel fixes the array's minor dim: its own buffers always, its operands
+    and result as saved (where they keep the layout their producer gave them)."""
+    return name in (*_SCRATCH, "attention logsumexp") or (saved and name in _KERNEL)
 
 
 def memory_terms(

@@ -14,9 +14,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .layout import Roles
-
-_BLOCK = 512  # splash block size (MaxText's default), or the whole sequence when shorter
+from .layout import Roles, splash_blocks
 
 
 def attention(
@@ -64,8 +62,7 @@ def _splash(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, r: Roles) -> j
     )
 
     _, s, h, d = q.shape
-    q_block = min(_BLOCK, s // r.size("seq"))
-    kv_block = min(_BLOCK, s)
+    q_block, kv_block = splash_blocks(s, r)
     sizes = kernels.BlockSizes(
         block_q=q_block,
         block_kv=kv_block,

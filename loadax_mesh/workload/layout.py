@@ -92,6 +92,14 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
     return Roles(sizes, tuple(a for a, _ in sizes if a in batch_axes), **found)
 
 
+SPLASH_BLOCK = 512  # splash-attention block size (MaxText's default), or the sequence if shorter
+
+
+def splash_blocks(seq_len: int, r: Roles) -> tuple[int, int]:
+    """The splash kernel's query and key blocks (a device's query slice when shorter)."""
+    return min(SPLASH_BLOCK, seq_len // r.size("seq")), min(SPLASH_BLOCK, seq_len)
+
+
 def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]:
     """Every parameter: its shape and logical axes. Layer weights are stacked on a leading
     `num_layers` dim (the scan runs over it)."""
