@@ -85,7 +85,7 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
         if report.squeezed_bytes is not None:
             lines.append(
                 f"           (the figure below is the step as written; the compiler's own extra "
-                f"remat got it to {size_text(report.squeezed_bytes)}, still too much)"
+                f"remat got it to {size_text(report.squeezed_bytes)}, the message's GiB in GB)"
             )
     hbm = "?" if report.hbm_bytes is None else size_text(report.hbm_bytes)
     verdict = {True: "fits", False: "does NOT fit", None: "fit unknown (no HBM in the catalogue)"}

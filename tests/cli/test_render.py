@@ -179,4 +179,4 @@ def test_a_refused_compile_gives_the_step_as_written_and_squeezed():
     text = render_report(refused, [])
     assert "refused    RESOURCE_EXHAUSTED" in text and "does NOT fit" in text
     assert "memory     23.75 GB per device" in text
-    assert "the step as written; the compiler's own extra remat got it to 21.78 GB" in text
+    assert "the step as written; the compiler's own extra remat got it to 21.78 GB," in text
