@@ -109,7 +109,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     import jax
 
     from .hardware import catalogue_spec
-    from .workload.attention import implementation
+    from .workload.layout import implementation
     from .workload.step import make_step
 
     mesh = plan.to_jax_mesh()

@@ -13,7 +13,7 @@ from .detect import detect_hardware
 from .devices import GranuleSpec
 from .errors import MeshConfigError
 from .plan import MeshPlan, plan_config
-from .presets import list_presets, load_preset, strategy_names
+from .presets import load_preset
 from .rules import match_regex_rules
 
 if TYPE_CHECKING:
@@ -122,9 +122,6 @@ class MeshConfig(ConfigFields):
         """
         if name == "auto":
             return _auto(**overrides)
-        if name not in list_presets():
-            accepted = ", ".join(strategy_names())
-            raise MeshConfigError(f"preset={name!r} is not a preset; accepted: {accepted}")
         fields = load_preset(name, **overrides)
         return cls(
             fields.mesh_shape, fields.mesh_axis_names, fields.batch_axis_names, fields.mesh_rules

@@ -58,10 +58,11 @@ def strategy_names() -> list[str]:
 
 
 def get_preset(name: str) -> Preset:
-    """Read and check one preset file (once per process)."""
-    names = list_presets()
-    if not isinstance(name, str) or name not in names:
-        raise MeshConfigError(f"preset={name!r} is not a preset; accepted: {', '.join(names)}")
+    """Read and check one preset file (once per process). Users reach it through
+    `MeshConfig.from_preset` or --strategy, which also take "auto": the error lists it."""
+    if not isinstance(name, str) or name not in list_presets():
+        accepted = ", ".join(strategy_names())
+        raise MeshConfigError(f"preset={name!r} is not a preset; accepted: {accepted}")
     return _read_preset(name)
 
 

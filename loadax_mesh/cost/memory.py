@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..workload.layout import Roles, param_shapes, splash_blocks
+from ..workload.layout import Roles, implementation, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 
 
@@ -158,7 +158,8 @@ def layer_bytes(
     for the backward pass, stacked over the layers in the layout their producer gave them
     (head_dim minor for the attention kernel's operands); else all of them, as temporaries of
     the layer being differentiated, which the compiler lays out freely."""
-    splash = tile is not None and train.attention == "flash"
+    platform = "tpu" if tile is not None else "gpu"  # only TPU arrays are stored in tiles
+    splash = implementation(train.attention, platform) == "splash"
     found = _intermediates(model, train, sh, roles, splash=splash)
     everything = tuple(n for n in found if not (saved and n in _SCRATCH))  # never read again
     keep = _SAVED.get(train.remat, everything) if saved else everything

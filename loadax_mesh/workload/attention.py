@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .layout import Roles, splash_blocks
+from .layout import Roles, implementation, splash_blocks
 
 
 def attention(
@@ -32,14 +32,6 @@ def attention(
     if runs == "cudnn":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
     return jax.nn.dot_product_attention(q, k, v, is_causal=True)
-
-
-def implementation(kind: str, platform: str) -> str:
-    """What attention of `kind` runs as on `platform`: "splash" (jax's TPU kernel), "cudnn"
-    (its fused GPU kernel), "xla" (`dot_product_attention`'s own) or "plain"."""
-    if kind == "plain":
-        return "plain"
-    return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "xla")
 
 
 def _plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
