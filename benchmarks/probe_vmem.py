@@ -36,15 +36,16 @@ SWEEP = [
 
 
 def probe(hardware: str, preset: str, batch: int, remat: str) -> str:
+    """One table row: the tiny model's step estimated and compiled, its report read."""
     plan = MeshConfig.from_preset(preset).plan(topology_devices(hardware))
     model, train = ModelSpec.from_name("tiny"), TrainSpec(global_batch=batch, remat=remat)
     est = estimate(plan, model, train).memory_bytes
     step = make_step(plan.to_jax_mesh(), model, train, batch_axes=plan.batch_axis_names)
     with tempfile.TemporaryDirectory() as dump:
         options = {"xla_dump_to": dump, "xla_dump_hlo_pass_re": "NONE"}
-        m = step.fn.lower(*step.abstract_args()).compile(compiler_options=options)
+        compiled = step.fn.lower(*step.abstract_args()).compile(compiler_options=options)
         report = next(Path(dump).glob("*memory-usage-report.txt")).read_text()
-    stats = m.memory_analysis()
+    stats = compiled.memory_analysis()
     hbm = (
         stats.argument_size_in_bytes
         + stats.output_size_in_bytes
