@@ -1,14 +1,17 @@
-"""Where libtpu keeps the tiny model's step: HBM, which `memory_analysis()` counts, or VMEM.
+"""The memory model outside bench_cost.py's cases: two probes against libtpu's compiler.
 
-The evidence behind the two tiny-model misses of bench_cost.py. The same steps are compiled for
-chips with 128 MiB of VMEM per TensorCore (v5e, v6e) and with 64 MiB (v5p), the capacities in
-jax's `pallas/mosaic/tpu_info.py`; then the tiny fsdp step with growing batches, on v5e (VMEM
-fills up) and on v5p (the estimate falls short under remat none: see RESULTS.md). Each
-row: the estimate, the compiled HBM figure (argument + output + temp - alias), their ratio,
-and the VMEM the compiler's memory-space assignment uses, read from its memory-usage report
-(`xla_dump_to`).
+1. Where libtpu keeps the tiny model's step: HBM, which `memory_analysis()` counts, or VMEM
+   (the evidence behind bench_cost's two tiny-model misses). The same steps are compiled for
+   chips with 128 MiB of VMEM per TensorCore (v5e, v6e) and with 64 MiB (v5p), the capacities
+   in jax's `pallas/mosaic/tpu_info.py`; then the tiny fsdp step with growing batches, on v5e
+   (VMEM fills up) and on v5p (the estimate falls short under remat none). Each row: the
+   estimate, the compiled HBM figure (argument + output + temp - alias), their ratio, and the
+   VMEM the compiler's memory-space assignment uses, read from its memory-usage report
+   (`xla_dump_to`).
+2. Small models whose steps are mostly activations (4 layers, d_model 16 x head_dim, 8
+   sequences of 2,048 tokens a device on v5p-8) under each remat policy, head_dim 64 and 128.
 
-    python benchmarks/probe_vmem.py
+    python benchmarks/probe_memory.py       (about 20 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from loadax_mesh import MeshConfig
+from loadax_mesh.compile import compile_step
 from loadax_mesh.cost import estimate
 from loadax_mesh.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
@@ -58,6 +62,20 @@ def probe(hardware: str, preset: str, batch: int, remat: str) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def small(head_dim: int, remat: str) -> str:
+    """One row of probe 2: a small model's fsdp step on v5p-8, estimated and compiled."""
+    model = ModelSpec(
+        name=f"small-hd{head_dim}", num_layers=4, d_model=16 * head_dim, d_ff=2816,
+        num_heads=16, num_kv_heads=4, head_dim=head_dim, vocab_size=32000, seq_len=2048,
+    )  # fmt: skip
+    plan = MeshConfig.from_preset("fsdp").plan(topology_devices("tpu-v5p-8"))
+    train = TrainSpec(global_batch=32, remat=remat)
+    est = estimate(plan, model, train).memory_bytes
+    got = compile_step(plan, model, train).total_bytes
+    cells = [str(head_dim), remat, f"{est / 1e9:.2f}", f"{got / 1e9:.2f}", f"{est / got:.2f}"]
+    return "| " + " | ".join(cells) + " |"
+
+
 def main() -> None:
     print("| hardware | preset | batch | remat | estimate MB | HBM MB | est/HBM | VMEM MB |")
     print("|---|---|---|---|---|---|---|---|")
@@ -67,6 +85,11 @@ def main() -> None:
     for hardware, remat, batches in SWEEP:
         for batch in batches:
             print(probe(hardware, "fsdp", batch, remat), flush=True)
+    print("\n| head_dim | remat | estimate GB | compiled GB | est/compiled |")
+    print("|---|---|---|---|---|")
+    for head_dim in (64, 128):
+        for remat in ("none", "dots", "full"):
+            print(small(head_dim, remat), flush=True)
 
 
 if __name__ == "__main__":
