@@ -24,7 +24,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from loadax_mesh import MeshConfig
-from loadax_mesh.compile import compile_step
+from loadax_mesh.compile import compile_step, held_bytes
 from loadax_mesh.cost import estimate
 from loadax_mesh.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
@@ -49,13 +49,7 @@ def probe(hardware: str, preset: str, batch: int, remat: str) -> str:
         options = {"xla_dump_to": dump, "xla_dump_hlo_pass_re": "NONE"}
         compiled = step.fn.lower(*step.abstract_args()).compile(compiler_options=options)
         report = next(Path(dump).glob("*memory-usage-report.txt")).read_text()
-    stats = compiled.memory_analysis()
-    hbm = (
-        stats.argument_size_in_bytes
-        + stats.output_size_in_bytes
-        + stats.temp_size_in_bytes
-        - stats.alias_size_in_bytes
-    )
+    hbm = held_bytes(compiled.memory_analysis())
     vmem = re.search(r"Memory Space: vmem \(color=\d+\)\nTotal bytes: (\d+)", report)
     cells = [hardware, preset, str(batch), remat, f"{est / 1e6:.1f}", f"{hbm / 1e6:.1f}"]
     cells += [f"{est / hbm:.2f}", f"{int(vmem.group(1)) / 1e6:.1f}" if vmem else "-"]

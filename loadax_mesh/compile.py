@@ -153,12 +153,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         )
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
-    total = (
-        memory.argument_size_in_bytes
-        + memory.output_size_in_bytes
-        + memory.temp_size_in_bytes
-        - memory.alias_size_in_bytes
-    )
+    total = held_bytes(memory)
     hlo = HloText(compiled.as_text())
     shape = dict(mesh.shape)
     order = plan.layout.index.reshape(-1)  # mesh order, as indices into the device table
@@ -186,6 +181,17 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         fits=None if hbm is None else total <= hbm,
         flops=step_flops(compiled, hlo),
         collectives=items,
+    )
+
+
+def held_bytes(memory: Any) -> int:
+    """What a compiled program holds in device memory, from its `memory_analysis()`: arguments,
+    outputs and temporaries, less the outputs that reuse (alias) donated arguments."""
+    return int(
+        memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        + memory.temp_size_in_bytes
+        - memory.alias_size_in_bytes
     )
 
 
