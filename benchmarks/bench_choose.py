@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from loadax_mesh import choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.picture import shape_text
+from loadax_mesh.view.picture import shape_text
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 # (hardware, model, global batch)

@@ -18,8 +18,8 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from loadax_mesh import MeshConfig
-from loadax_mesh.compile import compile_step
-from loadax_mesh.topology import topology_devices
+from loadax_mesh.compiler.report import compile_step
+from loadax_mesh.hardware.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 MAXTEXT_8B_FSDP64 = 11_459_106_976

@@ -27,7 +27,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from loadax_mesh import MeshConfig
 from loadax_mesh.cost import estimate
-from loadax_mesh.topology import topology_devices
+from loadax_mesh.hardware.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 # (hardware, preset with optional overrides "preset:axis=size", model, global batch, remat)
@@ -58,7 +58,7 @@ TARGETS = {"memory": 0.20, "bytes": 0.25}
 
 def compiled(case: tuple[Any, ...], plan: Any, cache: Path | None) -> dict[str, Any]:
     """The compile report of a case as plain data (from the cache when it has it)."""
-    from loadax_mesh.compile import compile_step
+    from loadax_mesh.compiler.report import compile_step
 
     path = None if cache is None else cache / ("_".join(map(str, case)) + ".json")
     if path is not None and path.exists():

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from loadax_mesh.fidelity import ATTRIBUTES, KNOWN, catalogue_strings, compare
-from loadax_mesh.render import text_table
+from loadax_mesh.compiler.fidelity import ATTRIBUTES, KNOWN, catalogue_strings, compare
+from loadax_mesh.view.report import text_table
 
 
 def table(platform: str, notes: dict[str, int]) -> list[list[str]]:

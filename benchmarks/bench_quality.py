@@ -21,8 +21,8 @@ import numpy as np
 from bench_solver import tpu_devices
 
 import loadax_mesh as lm
-from loadax_mesh.devices import granule_keys, read_devices
-from loadax_mesh.hardware import wraparound
+from loadax_mesh.hardware.devices import granule_keys, read_devices
+from loadax_mesh.hardware.strings import wraparound
 from loadax_mesh.quality import axis_quality
 from loadax_mesh.solver.hybrid import Layout, Torus
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 import loadax_mesh as lm
-from loadax_mesh.devices import SimulatedDevice
+from loadax_mesh.hardware.devices import SimulatedDevice
 
 ATTRS = ("id", "process_index", "platform", "device_kind", "slice_index", "coords", "core_on_chip")
 # (label, devices, ICI shape, DCN shape); the targets are judged on the last TPU case.

@@ -24,9 +24,9 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from loadax_mesh import MeshConfig
-from loadax_mesh.compile import compile_step, held_bytes
+from loadax_mesh.compiler.report import compile_step, held_bytes
 from loadax_mesh.cost import estimate
-from loadax_mesh.topology import topology_devices
+from loadax_mesh.hardware.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.step import make_step
 

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 import loadax_mesh as lm  # noqa: E402
-from loadax_mesh.batch import data_parallel_size  # noqa: E402
+from loadax_mesh.jobs.batch import data_parallel_size  # noqa: E402
 
 FEATURES, OUTPUTS, EXAMPLES = 16, 4, 100_000
 

@@ -18,45 +18,45 @@ _PUBLIC = {
     "MeshPlan": "plan",
     "plan_mesh": "plan",
     "create_device_mesh": "plan",
-    "simulate_devices": "hardware",
-    "detect_hardware": "detect",
+    "simulate_devices": "hardware.strings",
+    "detect_hardware": "hardware.detect",
     "list_presets": "presets",
-    "shard_batch": "batch",
-    "host_batch_slice": "batch",
-    "HostBatchSlice": "batch",
+    "shard_batch": "jobs.batch",
+    "host_batch_slice": "jobs.batch",
+    "HostBatchSlice": "jobs.batch",
     "axis_groups": "groups",
     "process_groups": "groups",
     "submesh": "groups",
     "flatten_axes": "groups",
     "coordinate": "groups",
-    "topology_devices": "topology",
+    "topology_devices": "hardware.topology",
     "ModelSpec": "workload.spec",
     "TrainSpec": "workload.spec",
-    "compile_step": "compile",
-    "CompileReport": "compile",
+    "compile_step": "compiler.report",
+    "CompileReport": "compiler.report",
     "estimate": "cost.estimate",
     "Estimate": "cost.estimate",
-    "choose_mesh": "config",
+    "choose_mesh": "cost.choose",
     "Choice": "cost.choose",
 }
 
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
-    from .batch import HostBatchSlice, host_batch_slice, shard_batch
-    from .compile import CompileReport, compile_step
-    from .config import MeshConfig, choose_mesh
-    from .cost.choose import Choice
+    from .compiler.report import CompileReport, compile_step
+    from .config import MeshConfig
+    from .cost.choose import Choice, choose_mesh
     from .cost.estimate import Estimate, estimate
-    from .detect import detect_hardware
     from .errors import MeshConfigError
     from .groups import axis_groups, coordinate, flatten_axes, process_groups, submesh
-    from .hardware import simulate_devices
+    from .hardware.detect import detect_hardware
+    from .hardware.strings import simulate_devices
+    from .hardware.topology import topology_devices
+    from .jobs.batch import HostBatchSlice, host_batch_slice, shard_batch
     from .plan import MeshPlan, create_device_mesh, plan_mesh
     from .presets import list_presets
     from .rules import match_regex_rules
     from .shapes import HybridMeshShape, MeshShape, infer_mesh_shape
-    from .topology import topology_devices
     from .workload.spec import ModelSpec, TrainSpec
 
 

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config_data import ConfigFields, fields_from_data, rule_name
-from .detect import detect_hardware
-from .devices import GranuleSpec
 from .errors import MeshConfigError
+from .hardware.detect import detect_hardware
+from .hardware.devices import GranuleSpec
 from .plan import MeshPlan, plan_config
 from .presets import load_preset
 from .rules import match_regex_rules
 
 if TYPE_CHECKING:
     import jax
-
-    from .cost.choose import Ranking
-    from .workload.spec import ModelSpec, TrainSpec
 
 
 @dataclass(frozen=True)
@@ -120,8 +117,10 @@ class MeshConfig(ConfigFields):
         global_batch=...)` (and optionally `remat`, `attention`, `axes`) is the winner of
         `choose_mesh`.
         """
-        if name == "auto":
-            return _auto(**overrides)
+        if name == "auto":  # the one arrow up: the cost model is the preset
+            from .cost.choose import auto_preset
+
+            return auto_preset(**overrides)
         fields = load_preset(name, **overrides)
         return cls(
             fields.mesh_shape, fields.mesh_axis_names, fields.batch_axis_names, fields.mesh_rules
@@ -144,61 +143,6 @@ class MeshConfig(ConfigFields):
         except (OSError, tomllib.TOMLDecodeError) as err:
             raise MeshConfigError(f"path={str(path)!r} is no readable TOML file: {err}") from None
         return cls.from_dict(data)
-
-
-def choose_mesh(
-    hardware: str,
-    model: str | ModelSpec,
-    train: TrainSpec,
-    *,
-    axes: Sequence[str] = ("data", "fsdp", "seq", "model"),
-    top: int = 5,
-    headroom: float = 0.1,
-) -> Ranking:
-    """The `top` meshes of `axes` for `model` (a ModelSpec or a name from configs/models/) on
-    `hardware` that fit, fastest first by the cost model (`loadax_mesh.cost`), leaving
-    `headroom` of the HBM free; each Choice carries its MeshConfig, MeshPlan and Estimate."""
-    from .cost.choose import rank_meshes
-    from .workload.spec import ModelSpec
-
-    spec = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
-    ranking = rank_meshes(hardware, spec, train, axes=axes, top=top, headroom=headroom)
-    for k, c in enumerate(ranking):
-        config = MeshConfig(
-            c.config.mesh_shape, c.config.mesh_axis_names, c.config.batch_axis_names
-        )
-        ranking[k] = replace(c, config=config)
-    return ranking
-
-
-def _auto(
-    *,
-    hardware: str | None = None,
-    model: str | ModelSpec | None = None,
-    global_batch: int | None = None,
-    **train: Any,
-) -> MeshConfig:
-    from dataclasses import fields
-
-    from .cost.choose import AXES
-    from .workload.spec import TrainSpec
-
-    axes = train.pop("axes", AXES)
-    if hardware is None or model is None or global_batch is None:
-        raise MeshConfigError(
-            f"preset 'auto' needs hardware=, model= and global_batch= (given hardware={hardware!r},"
-            f" model={model!r}, global_batch={global_batch!r}); accepted: e.g. "
-            "from_preset('auto', hardware='tpu-v5p-512', model='llama3-8b', global_batch=256)"
-        )
-    options = [f.name for f in fields(TrainSpec) if f.name != "global_batch"]
-    unknown = sorted(set(train) - set(options))
-    if unknown:
-        raise MeshConfigError(
-            f"preset 'auto': unknown option {unknown[0]}={train[unknown[0]]!r}; accepted: "
-            f"hardware, model, global_batch, axes, {', '.join(options)}"
-        )
-    best = choose_mesh(hardware, model, TrainSpec(global_batch=global_batch, **train), axes=axes)
-    return best[0].config  # type: ignore[return-value]
 
 
 def _check_selector(selector: Any) -> str:

@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .config_data import ConfigFields
-from .devices import DeviceTable, GranuleSpec, SimulatedDevice, granule_keys, read_devices
 from .errors import MeshConfigError
+from .hardware.devices import DeviceTable, GranuleSpec, SimulatedDevice, granule_keys, read_devices
 from .quality import AxisQuality, axis_quality
-from .render import render_text
 from .shapes import HybridMeshShape, MeshShape, check_shape, resolve_hybrid, split_mesh_shape
 from .solver.hybrid import Layout, granule_sizes, layout_devices
 
@@ -48,7 +47,7 @@ class MeshPlan:
         planning does not pay for it."""
         if self.selector is not None:
             return self.selector
-        from .detect import name_devices
+        from .hardware.detect import name_devices
 
         return name_devices(self.table)
 
@@ -109,6 +108,8 @@ class MeshPlan:
 
     def describe(self) -> str:
         """The plan as text: what `loadax-mesh plan` prints."""
+        from .view.report import render_text  # a facade: the text lives in view/
+
         return render_text(self)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from loadax_mesh.devices import SimulatedDevice
+from loadax_mesh.hardware.devices import SimulatedDevice
 
 
 def tpu_slices(

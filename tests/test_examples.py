@@ -26,7 +26,8 @@ def test_hsdp_replicates_across_two_processes():
     out = run(
         sys.executable,
         "-m",
-        "loadax_mesh.distributed",
+        "loadax_mesh",
+        "launch",
         "--nprocs",
         "2",
         "--devices-per-process",

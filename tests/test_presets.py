@@ -10,7 +10,7 @@ import pytest
 
 import loadax_mesh as lm
 from loadax_mesh import HybridMeshShape, MeshConfig, MeshConfigError
-from loadax_mesh.hardware import list_hardware, parse_hardware, simulate_devices
+from loadax_mesh.hardware.strings import list_hardware, parse_hardware, simulate_devices
 from loadax_mesh.presets import get_preset, list_presets, load_preset
 from loadax_mesh.rules import match_regex_rules
 from tests.helpers import run_python

@@ -16,7 +16,7 @@ PROBE = """
 import json, sys
 import loadax_mesh as lm
 from loadax_mesh._configs import config_path
-from loadax_mesh.hardware import list_hardware, parse_hardware
+from loadax_mesh.hardware.strings import list_hardware, parse_hardware
 spec = parse_hardware("tpu-v5p-512")
 plan = lm.MeshConfig.from_preset("fsdp_tp", tp=8).plan(lm.simulate_devices("tpu-v5p-512"))
 print(json.dumps({

@@ -1,4 +1,4 @@
-"""`rank_meshes` (behind `choose_mesh`): every shape and ICI/DCN split of the axes over the
+"""`choose_mesh`: every shape and ICI/DCN split of the axes over the
 hardware, estimated, the ones that fit ranked by step time.
 
 Candidates are the ordered factorisations of the device count over the axes that the model
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from itertools import product
+from typing import Any
 
-from ..config_data import ConfigFields
+from ..config import MeshConfig
 from ..errors import MeshConfigError
-from ..hardware import parse_hardware, simulate_devices
+from ..hardware.strings import parse_hardware, simulate_devices
 from ..plan import MeshPlan, plan_config
 from ..shapes import HybridMeshShape
 from ..workload.layout import ROLE_NAMES, Roles, check_fit, roles
@@ -37,10 +38,9 @@ _BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"])
 
 @dataclass(frozen=True, eq=False)
 class Choice:
-    """One ranked mesh: its config (a HybridMeshShape over the axes; `choose_mesh` gives a
-    MeshConfig), plan and estimate."""
+    """One ranked mesh: its config (a HybridMeshShape over the axes), plan and estimate."""
 
-    config: ConfigFields
+    config: MeshConfig
     plan: MeshPlan
     estimate: Estimate
 
@@ -64,18 +64,20 @@ class Ranking(list[Choice]):
         self.planned = 0
 
 
-def rank_meshes(
+def choose_mesh(
     hardware: str,
-    model: ModelSpec,
+    model: str | ModelSpec,
     train: TrainSpec,
     *,
     axes: Sequence[str] = AXES,
     top: int = 5,
     headroom: float = 0.1,
 ) -> Ranking:
-    """The `top` fitting meshes of `axes` for `model` on `hardware`, fastest first. A mesh fits
-    when its estimate leaves `headroom` of the HBM free: what the estimate may miss (against
-    the compiler it is within 20%, benchmarks/bench_cost.py)."""
+    """The `top` fitting meshes of `axes` for `model` (a ModelSpec or a name from
+    configs/models/) on `hardware`, fastest first; each Choice carries its MeshConfig, MeshPlan
+    and Estimate. A mesh fits when its estimate leaves `headroom` of the HBM free: what the
+    estimate may miss (against the compiler it is within 20%, benchmarks/bench_cost.py)."""
+    model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     names = _check_axes(axes, top)
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")
@@ -136,7 +138,7 @@ def rank_meshes(
     for bound, r, ici, dcn in fitting:
         if len(best) >= top and bound >= _key(best[top - 1].estimate):
             break  # perfect rings would not beat the top: neither will real ones
-        config = ConfigFields(HybridMeshShape(ici, dcn), names, batch)
+        config = MeshConfig(HybridMeshShape(ici, dcn), names, batch)
         plan = plan_config(config, devices, granule="auto", hardware=hardware)
         efficiency = {a: q.efficiency for a, q in plan.quality().items()}
         factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
@@ -146,6 +148,32 @@ def rank_meshes(
         best.sort(key=lambda c: _key(c.estimate))
     ranking.extend(best[:top])
     return ranking
+
+
+def auto_preset(
+    *,
+    hardware: str | None = None,
+    model: str | ModelSpec | None = None,
+    global_batch: int | None = None,
+    **train: Any,
+) -> MeshConfig:
+    """`MeshConfig.from_preset("auto", ...)`: the winner of `choose_mesh`."""
+    axes = train.pop("axes", AXES)
+    if hardware is None or model is None or global_batch is None:
+        raise MeshConfigError(
+            f"preset 'auto' needs hardware=, model= and global_batch= (given hardware={hardware!r},"
+            f" model={model!r}, global_batch={global_batch!r}); accepted: e.g. "
+            "from_preset('auto', hardware='tpu-v5p-512', model='llama3-8b', global_batch=256)"
+        )
+    options = [f.name for f in fields(TrainSpec) if f.name != "global_batch"]
+    unknown = sorted(set(train) - set(options))
+    if unknown:
+        raise MeshConfigError(
+            f"preset 'auto': unknown option {unknown[0]}={train[unknown[0]]!r}; accepted: "
+            f"hardware, model, global_batch, axes, {', '.join(options)}"
+        )
+    best = choose_mesh(hardware, model, TrainSpec(global_batch=global_batch, **train), axes=axes)
+    return best[0].config
 
 
 def _key(e: Estimate) -> tuple[float, float, int]:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..hardware import parse_hardware
+from ..hardware.strings import parse_hardware
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .facts import DeviceFacts, device_facts

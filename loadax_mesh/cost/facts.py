@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import MeshConfigError
-from ..gpu_targets import device_hbm
-from ..hardware import HardwareSpec
+from ..hardware.gpu_targets import device_hbm
+from ..hardware.strings import HardwareSpec
 
 
 @dataclass(frozen=True)

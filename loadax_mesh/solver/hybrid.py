@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..catalogue import wraparound
-from ..devices import DeviceTable
 from ..errors import MeshConfigError
+from ..hardware.catalogue import wraparound
+from ..hardware.devices import DeviceTable
 from ..shapes import HybridMeshShape
 from .torus import solve_torus
 

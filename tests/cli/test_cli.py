@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from loadax_mesh import MeshConfig, list_presets, simulate_devices
-from loadax_mesh.cli import main
-from loadax_mesh.render import hardware_summary
+from loadax_mesh.cli.main import main
+from loadax_mesh.view.report import hardware_summary
 
 
 def run(capsys, *argv):
@@ -331,7 +331,7 @@ def test_devices_command(capsys):
 
 # -- launch delegates -----------------------------------------------------------------------------
 def test_launch_hands_the_rest_to_the_launcher(monkeypatch):
-    import loadax_mesh.launcher as launcher
+    import loadax_mesh.jobs.launcher as launcher
 
     seen = []
     monkeypatch.setattr(launcher, "main", lambda argv: seen.append(argv) or 7)
@@ -400,7 +400,7 @@ def test_plan_sizes_match_devices(capsys):
 
 
 def test_shape_takes_commas_only(capsys):
-    from loadax_mesh.cli import main
+    from loadax_mesh.cli.main import main
 
     assert main(["plan", "tpu-v5p-512", "--shape", "16x16", "--axes", "a,b"]) == 2
     assert "'16x16' is not an integer" in capsys.readouterr().err

@@ -36,7 +36,7 @@ def run(cmd, **env):
 def test_simulated_paths_never_import_jax(argv):
     probe = (
         "import sys\n"
-        "from loadax_mesh.cli import main\n"
+        "from loadax_mesh.cli.main import main\n"
         f"code = main({argv!r})\n"
         "assert code == 0, code\n"
         "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib')))\n"
@@ -64,7 +64,7 @@ def test_importtime_lists_no_jax():
         for line in done.stderr.splitlines()
         if line.startswith("import time:")
     ]
-    assert "loadax_mesh.cli" in imported and "numpy" in imported
+    assert "loadax_mesh.cli.main" in imported and "numpy" in imported
     assert not [m for m in imported if m == "jax" or m.startswith(("jax.", "jaxlib"))]
 
 
@@ -102,7 +102,7 @@ def test_local_devices_in_a_fresh_process():
 
 
 def test_launch_then_plan_local_devices_of_the_whole_job():
-    """`launch` delegates to loadax_mesh.launcher; `plan --devices local` in its children
+    """`launch` delegates to loadax_mesh.jobs.launcher; `plan --devices local` in its children
     joins the job, so process 0 plans for both processes' devices."""
     done = run(
         [

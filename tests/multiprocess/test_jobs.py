@@ -1,4 +1,4 @@
-"""Real multi-process jax jobs: `python -m loadax_mesh.distributed` runs tests/multiprocess/job.py.
+"""Real multi-process jax jobs: `python -m loadax_mesh launch` runs tests/multiprocess/job.py.
 
 Each job starts N processes of K CPU devices joined by jax.distributed over gloo; the checks
 run inside the children (same mesh everywhere, each host's rows, a jitted global sum).
@@ -21,7 +21,8 @@ def launch(nprocs: int, devices: int, *args: str) -> subprocess.CompletedProcess
     cmd = [
         sys.executable,
         "-m",
-        "loadax_mesh.distributed",
+        "loadax_mesh",
+        "launch",
         "--nprocs",
         str(nprocs),
         "--devices-per-process",

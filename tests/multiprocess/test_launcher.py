@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from loadax_mesh import MeshConfigError, distributed, launcher
+from loadax_mesh import MeshConfigError, distributed
+from loadax_mesh.jobs import launcher
 from tests.helpers import run_python
 
 WAIT = 60  # seconds any launcher run in this file may take before the test gives up
@@ -23,7 +24,8 @@ def run(*args: str, child: str) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable,
         "-m",
-        "loadax_mesh.launcher",
+        "loadax_mesh",
+        "launch",
         *args,
         "--",
         sys.executable,
@@ -73,7 +75,7 @@ def test_gloo_connection_messages_only_with_verbose(verbose: bool) -> None:
 
 def test_gloo_messages_interleaved_by_its_threads_are_dropped() -> None:
     """Two of gloo's messages, split and interleaved as seen on a loaded machine."""
-    from loadax_mesh.launcher import _quiet
+    from loadax_mesh.jobs.launcher import _quiet
 
     seen = [
         GLOO.replace(": 1", ": [Gloo] Rank 3\n"),
@@ -223,7 +225,7 @@ with open({str(pids)!r}, "a") as f:
     f.write(f"{{os.getpid()}}\\n")
 time.sleep(120)
 """
-    cmd = [sys.executable, "-m", "loadax_mesh.distributed", "--nprocs", "2"]
+    cmd = [sys.executable, "-m", "loadax_mesh", "launch", "--nprocs", "2"]
     cmd += ["--devices-per-process", "1", "--", sys.executable, "-c", child]
     launcher = subprocess.Popen(cmd, text=True, **popen)
     deadline = time.monotonic() + WAIT
@@ -280,14 +282,15 @@ def test_distributed_re_exports_the_launcher() -> None:
 
 def test_the_launcher_imports_no_jax() -> None:
     code = (
-        "import sys\nfrom loadax_mesh import launcher\nfrom loadax_mesh.distributed import main\n"
+        "import sys\nfrom loadax_mesh.jobs import launcher\n"
+        "from loadax_mesh.distributed import main\n"
         "assert main is launcher.main\nprint(sorted(m for m in sys.modules if m.startswith('jax')))"
     )
     assert run_python(code, timeout=WAIT) == "[]\n"
 
 
 def test_python_m_distributed_runs_the_launcher() -> None:
-    cmd = [sys.executable, "-m", "loadax_mesh.distributed", "--nprocs", "2"]
+    cmd = [sys.executable, "-m", "loadax_mesh", "launch", "--nprocs", "2"]
     cmd += ["--devices-per-process", "1", "--", sys.executable, "-c", "print('hi')"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT)
     assert done.returncode == 0, done.stderr

@@ -1,0 +1,1 @@
+"""`loadax-mesh`: the parser, one module per command family."""

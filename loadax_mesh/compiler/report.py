@@ -1,0 +1,214 @@
+"""Compile the reference step for a plan and report what the compiler says (DESIGN.md sec. 7).
+
+Memory per device from `memory_analysis()`, fit against the catalogue's HBM (on GPU the pool
+jax's client preallocates), FLOPs per step (flops.py: XLA's own cost analysis with loop bodies
+counted once per trip, cuDNN attention counted from its shapes), and every collective of the
+optimised HLO with its bytes, how often a step runs it, the mesh axes its groups span and how
+many of its bytes cross hosts and granules (host_split.py). On libtpu's or XLA's CUDA client's
+compile-only devices this is the real TPU or GPU compiler, on a machine without either.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..hardware.gpu_targets import device_hbm
+from .flops import step_flops
+from .hlo import Collective, HloText, collectives
+from .host_split import across_bytes
+from .replica_groups import group_axes, varying_axes
+
+if TYPE_CHECKING:
+    from ..plan import MeshPlan
+    from ..workload.spec import ModelSpec, TrainSpec
+
+_REFUSAL = re.compile(
+    r"required for [\w ]+\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)"
+)
+_SCALE = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# Out of HBM, libtpu rematerialises buffers beyond the step's own remat policy before it gives
+# up, so its figure is for a rewritten step. With no buffer large enough to be a candidate
+# (1 PiB) it reports the step as written.
+_AS_WRITTEN = {"xla_tpu_rematerialization_min_size_in_bytes": 2**50}
+
+
+@dataclass(frozen=True)
+class CollectiveItem:
+    """A collective op: kind, bytes (the full buffer over its group), times a step runs it,
+    the mesh axes its groups span (None: they are no sub-grid of whole axes), the axes its
+    members differ along (also for groups over part of an axis), and how many of its bytes
+    cross hosts and cross granules (host_split.across_fraction; None: groups unreadable)."""
+
+    kind: str
+    bytes: int
+    count: int
+    axes: tuple[str, ...] | None
+    spans: tuple[str, ...]
+    across_hosts: int | None = None
+    across_granules: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What compiling the reference step for a plan gave; bytes are per device."""
+
+    hardware: str
+    mesh: dict[str, int]
+    model: str
+    global_batch: int
+    remat: str
+    attention: str  # what ran: "splash", "cudnn", "xla" or "plain"
+    compile_seconds: float
+    argument_bytes: int | None
+    output_bytes: int | None
+    temp_bytes: int | None
+    alias_bytes: int | None
+    total_bytes: int  # argument + output + temp - alias (on refusal: the step as written)
+    hbm_bytes: int | None  # what one device may use (catalogue), None if unknown
+    fits: bool | None
+    flops: float | None  # per device per step; None where no cost analysis answered
+    collectives: tuple[CollectiveItem, ...]
+    message: str | None = None  # the compiler's refusal, when it refused
+    squeezed_bytes: int | None = None  # on refusal: after the compiler's own extra remat
+
+    def bytes_across(self) -> dict[str, int | None]:
+        """Collective bytes per step: in all, inside hosts, across hosts and across granules
+        (None where some collective's groups were unreadable)."""
+        total = sum(c.bytes * c.count for c in self.collectives)
+        hosts, granules = (
+            _per_step([(getattr(c, f"across_{part}"), c.count) for c in self.collectives])
+            for part in ("hosts", "granules")
+        )
+        inside = None if hosts is None else total - hosts
+        return {
+            "total": total,
+            "inside_hosts": inside,
+            "across_hosts": hosts,
+            "across_granules": granules,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["collectives"] = [c.to_dict() for c in self.collectives]
+        data["bytes_per_step"] = self.bytes_across()
+        return data
+
+
+def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileReport:
+    """Compile the reference step for `plan` (its devices must be real or compile-only jax
+    devices). A TPU compile refused for lack of HBM gives a report with `fits` False, what the
+    step as written needs and what the compiler's extra remat got it down to; the GPU compiler
+    never refuses, and `fits` compares its figures with the catalogue's. Any other compile
+    error propagates."""
+    import jax
+
+    from ..hardware.strings import catalogue_spec
+    from ..workload.layout import implementation
+    from ..workload.step import make_step
+
+    mesh = plan.to_jax_mesh()
+    step = make_step(mesh, model, train, batch_axes=plan.batch_axis_names)
+    platform = mesh.devices.flat[0].platform
+    spec = catalogue_spec(plan.hardware)
+    hbm = device_hbm(spec.type) if spec is not None else None
+    common = dict(
+        hardware=plan.hardware,
+        mesh=dict(mesh.shape),
+        model=model.name,
+        global_batch=train.global_batch,
+        remat=train.remat,
+        attention=implementation(train.attention, platform),
+        hbm_bytes=None if hbm is None else int(hbm),
+    )
+    start = time.perf_counter()
+    lowered = step.fn.lower(*step.abstract_args())
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as err:
+        squeezed, have = _refusal(err)
+        as_written = squeezed
+        try:  # the same refusal, with the compiler's extra remat off (seconds: it fails early)
+            lowered.compile(compiler_options=_AS_WRITTEN)
+        except jax.errors.JaxRuntimeError as again:
+            as_written = _refusal(again)[0]
+        return CompileReport(
+            **{**common, "hbm_bytes": have},  # type: ignore[arg-type]
+            compile_seconds=time.perf_counter() - start,
+            argument_bytes=None,
+            output_bytes=None,
+            temp_bytes=None,
+            alias_bytes=None,
+            total_bytes=as_written,
+            fits=False,
+            flops=None,
+            collectives=(),
+            message=str(err).strip().splitlines()[0],
+            squeezed_bytes=squeezed,
+        )
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    total = held_bytes(memory)
+    hlo = HloText(compiled.as_text())
+    shape = dict(mesh.shape)
+    order = plan.layout.index.reshape(-1)  # mesh order, as indices into the device table
+    hosts, granules = plan.table.process_index[order], plan.layout.granule[order]
+    items = tuple(
+        CollectiveItem(
+            c.kind,
+            c.bytes,
+            c.count,
+            _axes(c, shape),
+            varying_axes(c.groups, shape),
+            across_bytes(c.kind, c.bytes, c.groups, hosts),
+            across_bytes(c.kind, c.bytes, c.groups, granules),
+        )
+        for c in collectives(hlo, mesh.devices.size, plan.table.ids[order])
+    )
+    return CompileReport(
+        **common,  # type: ignore[arg-type]
+        compile_seconds=seconds,
+        argument_bytes=memory.argument_size_in_bytes,
+        output_bytes=memory.output_size_in_bytes,
+        temp_bytes=memory.temp_size_in_bytes,
+        alias_bytes=memory.alias_size_in_bytes,
+        total_bytes=total,
+        fits=None if hbm is None else total <= hbm,
+        flops=step_flops(compiled, hlo),
+        collectives=items,
+    )
+
+
+def held_bytes(memory: Any) -> int:
+    """What a compiled program holds in device memory, from its `memory_analysis()`: arguments,
+    outputs and temporaries, less the outputs that reuse (alias) donated arguments."""
+    return int(
+        memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        + memory.temp_size_in_bytes
+        - memory.alias_size_in_bytes
+    )
+
+
+def _per_step(parts: list[tuple[int | None, int]]) -> int | None:
+    if any(size is None for size, _ in parts):
+        return None
+    return sum((size or 0) * count for size, count in parts)
+
+
+def _refusal(err: Exception) -> tuple[int, int]:
+    """(bytes needed, bytes available) from a TPU out-of-HBM refusal; any other error is
+    raised again."""
+    found = _REFUSAL.search(str(err))
+    if "RESOURCE_EXHAUSTED" not in str(err) or found is None:
+        raise err
+    return int(float(found[1]) * _SCALE[found[2]]), int(float(found[3]) * _SCALE[found[4]])
+
+
+def _axes(c: Collective, mesh_shape: dict[str, int]) -> tuple[str, ...] | None:
+    return group_axes(c.groups, mesh_shape, pairs=c.kind == "collective-permute")

@@ -1,0 +1,314 @@
+"""The hardware catalogue: configs/hardware.toml parsed and checked into frozen dataclasses.
+
+Every fact carries its source keys (the `[sources]` table) and a status (confirmed, secondary,
+derived, unconfirmed, unknown). Read once per process with the standard library's tomllib.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from .._configs import config_path
+from ..errors import MeshConfigError
+
+_STATUSES = ("confirmed", "secondary", "derived", "unconfirmed", "unknown")
+_WRAP_RULES = ("full_cube", "dims_of_16", "none")
+_UNITS = {
+    "GB": 1e9,
+    "GiB": 2.0**30,
+    "GB/s": 1e9,
+    "Gbps": 1e9 / 8,
+    "TFLOPs": 1e12,
+    "us": 1e-6,
+    "GPUs": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One catalogue fact with its source keys (see `[sources]` in configs/hardware.toml)."""
+
+    value: Any  # None when status is "unknown"
+    source: tuple[str, ...]
+    unit: str = ""
+    status: str = "confirmed"
+    note: str = ""
+
+    def __str__(self) -> str:
+        if self.value is None:
+            return "?"
+        shown = "x".join(map(str, self.value)) if isinstance(self.value, tuple) else self.value
+        text = f"{shown} {self.unit}".strip()
+        return text if self.status in ("confirmed", "secondary") else f"{text} ({self.status})"
+
+    @property
+    def base(self) -> float | None:
+        """The value in base units: bytes, bytes/s, FLOP/s, seconds (None when unknown)."""
+        if self.value is None:
+            return None
+        if self.unit not in _UNITS:
+            raise MeshConfigError(f"hardware.toml: unit {self.unit!r} is not one of {list(_UNITS)}")
+        return float(self.value) * _UNITS[self.unit]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A supported TPU slice: the count in the hardware string, chips per dim, chips per host."""
+
+    count: int
+    shape: tuple[int, ...]  # as the catalogue names it: 2D on v5e/v6e/v2/v3
+    host: tuple[int, ...]  # the chip block of one host, same length as `shape`
+    fact: Fact
+
+    @property
+    def name(self) -> str:
+        return "x".join(map(str, self.shape))
+
+
+@dataclass(frozen=True)
+class HardwareType:
+    """One catalogue entry: a TPU generation, a GPU instance type, or CPU."""
+
+    key: str  # what the hardware string names: "v5p", "p5.48xlarge", "cpu"
+    platform: str  # "tpu", "gpu" or "cpu"
+    title: str
+    device_kinds: tuple[str, ...]  # the device_kind JAX reports first, then accepted aliases
+    count_unit: str  # "tensorcores", "chips", "gpus" or "devices"
+    cores_per_chip: int
+    devices_per_chip: int
+    devices_per_host: int  # TPU: of a multi-host slice; GPU: GPUs per host; CPU: 0 (any)
+    nvlink_domain: int  # GPU: GPUs per NVLink domain; else 0
+    topologies: tuple[Topology, ...]
+    wraparound_rule: str
+    multislice: bool | None  # None: not known (allowed)
+    facts: tuple[tuple[str, Fact], ...]
+    cloud: str = ""
+
+    @property
+    def device_kind(self) -> str:
+        return self.device_kinds[0]
+
+    @property
+    def pattern(self) -> str:
+        """How a hardware string for this entry is written."""
+        if self.platform == "tpu":
+            return f"tpu-{self.key}-<{self.count_unit}>[-<slices>]"
+        return "gpu-" + self.key + "-<GPUs>" if self.platform == "gpu" else "cpu-<N> | cpu-<P>x<K>"
+
+    def whole_gpu_hosts(self, n: int) -> bool:
+        """Whether n GPUs are whole hosts of this type in whole NVLink domains (a count below
+        one domain is whole hosts inside it)."""
+        domain = self.nvlink_domain
+        return n % self.devices_per_host == 0 and (n <= domain or n % domain == 0)
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(t.count for t in self.topologies)
+
+    @property
+    def examples(self) -> tuple[str, ...]:
+        if self.platform == "tpu":
+            return tuple(f"tpu-{self.key}-{t.count}" for t in self.topologies)
+        if self.platform == "gpu":
+            return tuple(f"gpu-{self.key}-{n}" for n in gpu_examples(self))
+        return ("cpu-8", "cpu-2x4")
+
+    def fact(self, name: str) -> Fact | None:
+        return dict(self.facts).get(name)
+
+
+# -- the catalogue ----------------------------------------------------------------------------
+
+
+def _fact(data: Any, *, where: str, sources: dict[str, str]) -> Fact:
+    if not isinstance(data, dict) or "source" not in data:
+        raise MeshConfigError(f"hardware.toml {where}={data!r} is no fact table with a source")
+    unknown = set(data) - {"value", "source", "unit", "status", "note"}
+    status = data.get("status", "confirmed")
+    src = data["source"]
+    if unknown or status not in _STATUSES or not isinstance(src, list) or not src:
+        raise MeshConfigError(f"hardware.toml {where}={data!r}: bad keys, status or source")
+    missing = [s for s in src if s not in sources]
+    if missing:
+        raise MeshConfigError(f"hardware.toml {where}: source keys {missing} are not in [sources]")
+    value = data.get("value")
+    if (value is None) != (status == "unknown"):
+        raise MeshConfigError(f"hardware.toml {where}: a value is required unless status='unknown'")
+    value = tuple(value) if isinstance(value, list) else value
+    return Fact(value, tuple(src), data.get("unit", ""), status, data.get("note", ""))
+
+
+def _facts(
+    entry: dict[str, Any],
+    *,
+    where: str,
+    sources: dict[str, str],
+    skip: tuple[str, ...] = ("title", "cloud", "topologies"),
+) -> dict[str, Fact]:
+    return {
+        k: _fact(v, where=f"{where}.{k}", sources=sources)
+        for k, v in entry.items()
+        if k not in skip
+    }
+
+
+def _dims(text: str, *, where: str) -> tuple[int, ...]:
+    if not re.fullmatch(r"[1-9]\d*(x[1-9]\d*)*", text):
+        raise MeshConfigError(f"hardware.toml {where}: {text!r} is no shape such as 4x8x8")
+    return tuple(int(d) for d in text.split("x"))
+
+
+def _tpu_type(key: str, entry: dict[str, Any], sources: dict[str, str]) -> HardwareType:
+    where = f"tpu.{key}"
+    facts = _facts(entry, where=where, sources=sources)
+    get = {k: f.value for k, f in facts.items()}
+    host = tuple(get["host_block"])
+    topologies = []
+    for i, item in enumerate(entry["topologies"]):
+        shape = _dims(item["shape"], where=f"{where}.topologies[{i}]")
+        fields = {k: v for k, v in item.items() if k not in ("shape", "host")}
+        fact = _fact(
+            {**fields, "value": item["shape"]}, where=f"{where}.topologies[{i}]", sources=sources
+        )
+        block = tuple(item.get("host", [min(h, s) for h, s in zip(host, shape, strict=True)]))
+        if len(shape) != get["dims"] or any(s % b for s, b in zip(shape, block, strict=True)):
+            raise MeshConfigError(f"hardware.toml {where}: topology {shape} vs host {block}")
+        chips = math.prod(shape)
+        count = chips * (get["cores_per_chip"] if get["count_unit"] == "tensorcores" else 1)
+        topologies.append(Topology(count, shape, block, fact))
+    topologies.sort(key=lambda t: t.count)
+    if len({t.count for t in topologies}) != len(topologies):
+        raise MeshConfigError(f"hardware.toml {where}: two topologies share a count")
+    if get["wraparound"] not in _WRAP_RULES:
+        raise MeshConfigError(f"hardware.toml {where}.wraparound: accepted {_WRAP_RULES}")
+    return HardwareType(
+        key=key,
+        platform="tpu",
+        title=entry["title"],
+        device_kinds=(get["device_kind"], *get.get("device_kind_aliases", ())),
+        count_unit=get["count_unit"],
+        cores_per_chip=get["cores_per_chip"],
+        devices_per_chip=get["devices_per_chip"],
+        devices_per_host=get["chips_per_host"] * get["devices_per_chip"],
+        nvlink_domain=0,
+        topologies=tuple(topologies),
+        wraparound_rule=get["wraparound"],
+        multislice=get.get("multislice"),
+        facts=tuple(facts.items()),
+    )
+
+
+def _gpu_type(key: str, entry: dict[str, Any], sources: dict[str, str]) -> HardwareType:
+    facts = _facts(entry, where=f"gpu.{key}", sources=sources)
+    per_host, domain = facts["gpus_per_host"].value, facts["nvlink_domain"].value
+    if domain % per_host:
+        raise MeshConfigError(f"hardware.toml gpu.{key}: NVLink domain is no whole host count")
+    return HardwareType(
+        key=key,
+        platform="gpu",
+        title=entry["title"],
+        device_kinds=(facts["device_kind"].value,),
+        count_unit="gpus",
+        cores_per_chip=1,
+        devices_per_chip=1,
+        devices_per_host=per_host,
+        nvlink_domain=domain,
+        topologies=(),
+        wraparound_rule="none",
+        multislice=True,
+        facts=tuple(facts.items()),
+        cloud=entry.get("cloud", ""),
+    )
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """All entries in file order, and the source keys with what they stand for."""
+
+    types: tuple[HardwareType, ...]
+    sources: tuple[tuple[str, str], ...]
+    gpu_client: tuple[tuple[str, Fact], ...] = ()  # jax's GPU client: what a process may use
+
+    def get(self, platform: str, key: str) -> HardwareType | None:
+        return next((t for t in self.types if t.platform == platform and t.key == key), None)
+
+    def keys(self, platform: str) -> list[str]:
+        return [t.key for t in self.types if t.platform == platform]
+
+
+@lru_cache(maxsize=1)
+def catalogue() -> Catalogue:
+    """The parsed and checked configs/hardware.toml (read once per process)."""
+    path = config_path("hardware.toml")
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    sources = data["sources"]
+    types = [_tpu_type(k, v, sources) for k, v in data["tpu"].items()]
+    types += [_gpu_type(k, v, sources) for k, v in data["gpu"].items()]
+    cpu = _facts(data["cpu"], where="cpu", sources=sources)
+    types.append(
+        HardwareType(
+            key="cpu",
+            platform="cpu",
+            title=data["cpu"]["title"],
+            device_kinds=(cpu["device_kind"].value,),
+            count_unit="devices",
+            cores_per_chip=1,
+            devices_per_chip=1,
+            devices_per_host=0,
+            nvlink_domain=0,
+            topologies=(),
+            wraparound_rule="none",
+            multislice=None,
+            facts=tuple(cpu.items()),
+        )
+    )
+    client = _facts(data["gpu_client"], where="gpu_client", sources=sources)
+    return Catalogue(tuple(types), tuple(sources.items()), tuple(client.items()))
+
+
+def list_hardware() -> list[HardwareType]:
+    """Every catalogue entry, TPU generations first, then GPU instance types, then CPU."""
+    return list(catalogue().types)
+
+
+def gpu_examples(t: HardwareType) -> list[int]:
+    """A few valid GPU counts: one host, one NVLink domain and more."""
+    domain = t.nvlink_domain
+    if domain > t.devices_per_host:
+        return [t.devices_per_host, domain, 2 * domain]
+    return [domain, 8 * domain, 32 * domain]
+
+
+def wrap_rule(rule: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...]:
+    """Per chip dim, whether it closes into a ring: `full_cube` (v4, v5p, 7x) wraps every dim
+    once all dims are 4 or more; `dims_of_16` (v5e, v6e) wraps dims of length 16; `none`."""
+    if rule == "full_cube":
+        cube = all(d >= 4 for d in chip_shape)
+        return tuple(cube for _ in chip_shape)
+    if rule == "dims_of_16":
+        return tuple(d == 16 for d in chip_shape)
+    return tuple(False for _ in chip_shape)
+
+
+def tpu_type_of_kind(device_kind: str) -> HardwareType | None:
+    """The TPU generation whose device_kind (or an alias) JAX reports as `device_kind`."""
+    return next(
+        (t for t in catalogue().types if t.platform == "tpu" and device_kind in t.device_kinds),
+        None,
+    )
+
+
+def wraparound(device_kind: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which chip dims of a slice of `chip_shape` close into rings, by the catalogue's rule.
+
+    v4, v5p and 7x: every dim wraps on slices of 4x4x4 and larger, none on smaller ones.
+    v5e and v6e: only dims of length 16 wrap. Unknown kinds (and v2/v3, unconfirmed): none.
+    """
+    t = tpu_type_of_kind(device_kind)
+    return wrap_rule(t.wraparound_rule if t else "none", tuple(chip_shape))

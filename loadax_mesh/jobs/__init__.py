@@ -1,0 +1,1 @@
+"""Running on a mesh: batches, distributed init and the launcher."""

@@ -1,0 +1,101 @@
+"""The launcher's environment contract: how `loadax-mesh launch` tells each child to join.
+
+`child_env` (the launcher side) writes the `LOADAX_MESH_*` variables and the CPU device count;
+`launcher_env` (the child side, in `distributed.initialize`) reads them back. The launcher
+imports this module and never `distributed`, which re-exports it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import MeshConfigError
+
+ENV_COORDINATOR = "LOADAX_MESH_COORDINATOR"
+ENV_NUM_PROCESSES = "LOADAX_MESH_NUM_PROCESSES"
+ENV_PROCESS_ID = "LOADAX_MESH_PROCESS_ID"
+ENV_DEVICES_PER_PROCESS = "LOADAX_MESH_DEVICES_PER_PROCESS"
+ENV_INIT_TIMEOUT = "LOADAX_MESH_INIT_TIMEOUT"
+
+_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
+
+
+def child_env(
+    base: Mapping[str, str],
+    *,
+    index: int,
+    nprocs: int,
+    devices_per_process: int,
+    coordinator: str,
+    init_timeout: int,
+) -> dict[str, str]:
+    """The environment of child `index`: the launcher's settings, K CPU devices, unbuffered."""
+    env = dict(base)
+    env.update(
+        {
+            ENV_COORDINATOR: coordinator,
+            ENV_NUM_PROCESSES: str(nprocs),
+            ENV_PROCESS_ID: str(index),
+            ENV_DEVICES_PER_PROCESS: str(devices_per_process),
+            ENV_INIT_TIMEOUT: str(init_timeout),
+            "XLA_FLAGS": with_device_count(env.get("XLA_FLAGS", ""), devices_per_process),
+            "JAX_PLATFORMS": "cpu",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+@dataclass(frozen=True)
+class LauncherEnv:
+    """What the launcher tells a child, read from its environment."""
+
+    coordinator: str
+    num_processes: int
+    process_id: int
+    devices_per_process: int
+    init_timeout: int | None
+
+
+def _env_int(env: Mapping[str, str], name: str, *, low: int) -> int:
+    raw = env.get(name)
+    if raw is None or not re.fullmatch(r"\d+", raw.strip()) or int(raw) < low:
+        raise MeshConfigError(
+            f"environment {name}={raw!r}; accepted: an integer >= {low} (set by "
+            f"`loadax-mesh launch`, next to {ENV_COORDINATOR})"
+        )
+    return int(raw)
+
+
+def launcher_env(env: Mapping[str, str] | None = None) -> LauncherEnv | None:
+    """The launcher's settings from `env` (default `os.environ`); None when not launched."""
+    env_map: Mapping[str, str] = os.environ if env is None else env
+    coordinator = env_map.get(ENV_COORDINATOR)
+    if coordinator is None:
+        return None
+    if not re.fullmatch(r"\S+:\d+", coordinator):
+        raise MeshConfigError(f"environment {ENV_COORDINATOR}={coordinator!r}; accepted: host:port")
+    num = _env_int(env_map, ENV_NUM_PROCESSES, low=1)
+    pid = _env_int(env_map, ENV_PROCESS_ID, low=0)
+    if pid >= num:
+        raise MeshConfigError(
+            f"environment {ENV_PROCESS_ID}={pid}; accepted: 0 to {num - 1} "
+            f"({ENV_NUM_PROCESSES}={num})"
+        )
+    devices = _env_int(env_map, ENV_DEVICES_PER_PROCESS, low=1)
+    timeout = _env_int(env_map, ENV_INIT_TIMEOUT, low=1) if ENV_INIT_TIMEOUT in env_map else None
+    return LauncherEnv(coordinator, num, pid, devices, timeout)
+
+
+def launched() -> bool:
+    """Whether this process was started by `loadax-mesh launch`."""
+    return ENV_COORDINATOR in os.environ
+
+
+def with_device_count(xla_flags: str, count: int) -> str:
+    """`xla_flags` with `--xla_force_host_platform_device_count` set to `count` (once)."""
+    rest = _COUNT_FLAG.sub("", xla_flags).split()
+    return " ".join([*rest, f"--xla_force_host_platform_device_count={count}"])
