@@ -122,7 +122,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         mesh=dict(mesh.shape),
         model=model.name,
         global_batch=train.global_batch,
-        remat=train.remat,
+        remat=train.remat_text,
         attention=implementation(train.attention, platform),
         hbm_bytes=None if hbm is None else int(hbm),
     )

@@ -111,7 +111,7 @@ def estimate_parts(
         mesh=dict(r.sizes),
         model=model.name,
         global_batch=train.global_batch,
-        remat=train.remat,
+        remat=train.remat_text,
         memory=at_peak,
         memory_bytes=peak,
         terms=terms,

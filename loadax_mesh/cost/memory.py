@@ -162,7 +162,7 @@ def layer_bytes(
     splash = implementation(train.attention, platform) == "splash"
     found = _intermediates(model, train, sh, roles, splash=splash)
     everything = tuple(n for n in found if not (saved and n in _SCRATCH))  # never read again
-    keep = _SAVED.get(train.remat, everything) if saved else everything
+    keep = _SAVED.get(train.remat_text, everything) if saved else everything
     return sum(
         stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
         for name, (shape, nbytes) in found.items()
@@ -211,7 +211,7 @@ def memory_terms(
         "logits": 2 * stored((sh.rows, sh.seq, sh.vocab), cd, tile),
         "embeddings": (4 if batch_across_granules else 2) * table,
         "layer": 3 * layer
-        + _WORKING[train.remat] * layer_bytes(model, train, sh, roles, tile, saved=False),
+        + _WORKING[train.remat_text] * layer_bytes(model, train, sh, roles, tile, saved=False),
     }
 
 

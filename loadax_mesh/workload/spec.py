@@ -7,6 +7,7 @@ each shape with its source.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -14,13 +15,83 @@ from .._configs import config_path
 from ..errors import MeshConfigError
 
 DTYPES = ("float32", "bfloat16")
-REMAT = ("full", "dots", "none")
+# The named tensors of a layer a remat policy places, and where each may go.
+TENSORS = (
+    "layer_input",
+    "query",
+    "key",
+    "value",
+    "attention_out",
+    "out_proj",
+    "mlp_in",
+    "mlp_out",
+)
+PLACEMENTS = ("recompute", "device", "offload")
+# The named policies, each a shorthand for a placement of every tensor. The layer input is the
+# scan's carry: it is saved (on the device or in host memory), never recomputed.
+_DOTS = ("query", "key", "value", "out_proj", "mlp_in", "mlp_out")
+POLICIES: dict[str, dict[str, str]] = {
+    "full": {t: "device" if t == "layer_input" else "recompute" for t in TENSORS},
+    "dots": {t: "device" if t == "layer_input" or t in _DOTS else "recompute" for t in TENSORS},
+    "none": {t: "device" for t in TENSORS},
+    "offload": {t: "offload" if t == "layer_input" else "recompute" for t in TENSORS},
+}
+REMAT = tuple(POLICIES)
 ATTENTION = ("flash", "plain")
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def dtype_bytes(dtype: str) -> int:
     return _DTYPE_BYTES[dtype]
+
+
+def parse_remat(text: str) -> str | dict[str, str]:
+    """A remat policy as the command line writes it: a name (`full`) or tensor=placement pairs
+    (`layer_input=offload,query=offload`; tensors not named are recomputed, the layer input
+    kept on the device)."""
+    if "=" not in text:
+        return text
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        name, sep, placement = part.partition("=")
+        if not sep or name.strip() in out:
+            raise MeshConfigError(
+                f"remat={text!r}: {part!r} is no new tensor=placement pair; accepted: a policy "
+                f"({', '.join(REMAT)}) or pairs like layer_input=offload,query=device"
+            )
+        out[name.strip()] = placement.strip()
+    return out
+
+
+def _placements(remat: Any) -> tuple[tuple[str, str], ...]:
+    """Every tensor of TENSORS with its placement, for a policy name or a (partial) mapping."""
+    if isinstance(remat, str):
+        if remat not in POLICIES:
+            raise MeshConfigError(
+                f"remat={remat!r}; accepted: {', '.join(REMAT)}, or a mapping from tensors "
+                f"({', '.join(TENSORS)}) to placements ({', '.join(PLACEMENTS)})"
+            )
+        return tuple(POLICIES[remat].items())
+    if not isinstance(remat, Mapping):
+        raise MeshConfigError(
+            f"remat={remat!r}; accepted: a policy name ({', '.join(REMAT)}) or a mapping from "
+            "tensor names to placements"
+        )
+    for name, placement in remat.items():
+        if name not in TENSORS:
+            raise MeshConfigError(
+                f"remat: tensor {name!r} is not a named tensor of a layer; accepted: "
+                f"{', '.join(TENSORS)}"
+            )
+        if placement not in PLACEMENTS:
+            raise MeshConfigError(f"remat: {name}={placement!r}; accepted: {', '.join(PLACEMENTS)}")
+    if remat.get("layer_input") == "recompute":
+        raise MeshConfigError(
+            "remat: layer_input='recompute'; the layer input is the scan's carry, saved for the "
+            "backward pass; accepted: device, offload"
+        )
+    default = POLICIES["full"]
+    return tuple((t, remat.get(t, default[t])) for t in TENSORS)
 
 
 def _positive(value: Any, field: str) -> int:
@@ -113,22 +184,34 @@ def list_models() -> list[str]:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSpec:
-    """How a step trains: the global batch (sequences), dtypes, remat and attention.
+    """How a step trains: the global batch (sequences), dtypes, attention and the recipe
+    (remat placement, micro-batches, logits chunks).
 
     Parameters are kept in `param_dtype` and computed in `compute_dtype`; Adam's two moments are
-    kept in `opt_state_dtype`. `remat`: "full" saves only each layer's input for the backward
-    pass, "dots" also the matmul outputs, "none" everything. `attention`: "flash" is jax's splash
-    kernel on TPU and `jax.nn.dot_product_attention` elsewhere (cuDNN on GPU); "plain" writes the
-    score matrix out in XLA.
+    kept in `opt_state_dtype`. `attention`: "flash" is jax's splash kernel on TPU and
+    `jax.nn.dot_product_attention` elsewhere (cuDNN on GPU); "plain" writes the score matrix
+    out in XLA.
+
+    `remat` places each named tensor of a layer (TENSORS) for the backward pass: "recompute",
+    "device" (saved in HBM) or "offload" (saved in host memory). A policy name is a shorthand:
+    "full" saves only the layer input, "dots" also the matmul outputs, "none" everything,
+    "offload" the layer input in host memory. A mapping names some tensors (the rest are
+    recomputed, the layer input kept on the device) and is stored as the policy name it equals,
+    or else as (tensor, placement) pairs for every tensor. `microbatches`: gradient
+    accumulation, the step's batch run in that many sequential slices, gradients summed.
+    `logits_chunks`: the loss computed over that many slices of the tokens, so the
+    [tokens, vocab] logits never exist whole.
     """
 
     global_batch: int
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
     opt_state_dtype: str = "float32"
-    remat: str = "full"
+    remat: str | tuple[tuple[str, str], ...] = "full"
     attention: str = "flash"
     learning_rate: float = 1e-3
+    microbatches: int = 1
+    logits_chunks: int = 1
 
     def __post_init__(self) -> None:
         _positive(self.global_batch, "global_batch")
@@ -137,11 +220,33 @@ class TrainSpec:
                 raise MeshConfigError(
                     f"{name}={getattr(self, name)!r}; accepted: {', '.join(DTYPES)}"
                 )
-        if self.remat not in REMAT:
-            raise MeshConfigError(f"remat={self.remat!r}; accepted: {', '.join(REMAT)}")
+        pairs = _placements(dict(self.remat) if isinstance(self.remat, tuple) else self.remat)
+        named = [n for n, p in POLICIES.items() if tuple(p.items()) == pairs]
+        object.__setattr__(self, "remat", named[0] if named else pairs)
+        _positive(self.microbatches, "microbatches")
+        _positive(self.logits_chunks, "logits_chunks")
+        if self.global_batch % self.microbatches:
+            raise MeshConfigError(
+                f"microbatches={self.microbatches} does not divide global_batch="
+                f"{self.global_batch}; accepted: a divisor of the global batch"
+            )
         if self.attention not in ATTENTION:
             raise MeshConfigError(f"attention={self.attention!r}; accepted: {', '.join(ATTENTION)}")
         if type(self.learning_rate) is not float or not self.learning_rate > 0:
             raise MeshConfigError(
                 f"learning_rate={self.learning_rate!r}; accepted: a positive float"
             )
+
+    @property
+    def placements(self) -> dict[str, str]:
+        """Every named tensor of a layer and where the backward pass finds it."""
+        return dict(self.remat) if isinstance(self.remat, tuple) else dict(POLICIES[self.remat])
+
+    @property
+    def remat_text(self) -> str:
+        """The policy as the command line writes it: a name, or the pairs that differ from
+        "full" (`layer_input=offload,query=device`)."""
+        if isinstance(self.remat, str):
+            return self.remat
+        full = POLICIES["full"]
+        return ",".join(f"{t}={p}" for t, p in self.remat if full[t] != p)

@@ -144,7 +144,7 @@ class Step:
         layers = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
         layer: Callable[..., Any] = partial(self._layer, act=act)
         if self.train.remat != "none":
-            layer = jax.checkpoint(layer, policy=_POLICIES[self.train.remat]())
+            layer = jax.checkpoint(layer, policy=_POLICIES[self.train.remat_text]())
         x, _ = jax.lax.scan(layer, x, layers)
         x = _rms_norm(x, params["final_norm"])
         unembed = params["embed"].T if self.model.tied_embeddings else params["unembed"]

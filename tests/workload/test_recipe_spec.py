@@ -1,0 +1,54 @@
+"""TrainSpec's recipe fields: remat placements, micro-batches, logits chunks (no jax)."""
+
+import pytest
+
+from loadax_mesh import MeshConfigError, TrainSpec
+from loadax_mesh.workload.spec import POLICIES, TENSORS, parse_remat
+
+
+def test_a_mapping_names_some_tensors_and_the_rest_follow_full_remat() -> None:
+    train = TrainSpec(global_batch=8, remat={"layer_input": "offload", "query": "offload"})
+    assert train.placements["layer_input"] == "offload"
+    assert train.placements["query"] == "offload"
+    assert {train.placements[t] for t in TENSORS[2:]} == {"recompute"}
+    assert train.remat_text == "layer_input=offload,query=offload"
+    assert TrainSpec(global_batch=8, remat=train.remat) == train  # stored pairs round-trip
+    hash(train)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_mapping_equal_to_a_policy_is_stored_as_its_name(name: str) -> None:
+    assert TrainSpec(global_batch=8, remat=dict(POLICIES[name])).remat == name
+    assert TrainSpec(global_batch=8, remat=name).placements == POLICIES[name]
+
+
+def test_the_command_line_form() -> None:
+    assert parse_remat("dots") == "dots"
+    assert parse_remat("layer_input=offload, value=device") == {
+        "layer_input": "offload",
+        "value": "device",
+    }
+    with pytest.raises(MeshConfigError, match="no new tensor=placement pair"):
+        parse_remat("query=device,query=offload")
+    with pytest.raises(MeshConfigError, match="no new tensor=placement pair"):
+        parse_remat("query=device,offload")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"remat": {"keys": "device"}}, "tensor 'keys' is not a named tensor.*layer_input"),
+        ({"remat": {"query": "host"}}, "query='host'; accepted: recompute, device, offload"),
+        ({"remat": {"layer_input": "recompute"}}, "layer_input='recompute'.*device, offload"),
+        ({"remat": "everything"}, "remat='everything'; accepted: full, dots, none, offload"),
+        ({"remat": 3}, "remat=3"),
+        ({"microbatches": 0}, "microbatches=0; accepted: a positive integer"),
+        ({"microbatches": 2.0}, "microbatches=2.0"),
+        ({"microbatches": 3}, "microbatches=3 does not divide global_batch=8"),
+        ({"logits_chunks": 0}, "logits_chunks=0; accepted: a positive integer"),
+        ({"logits_chunks": True}, "logits_chunks=True"),
+    ],
+)
+def test_bad_recipe_fields(kwargs: dict, message: str) -> None:
+    with pytest.raises(MeshConfigError, match=message):
+        TrainSpec(global_batch=8, **kwargs)
