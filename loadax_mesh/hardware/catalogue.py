@@ -312,3 +312,14 @@ def wraparound(device_kind: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...
     """
     t = tpu_type_of_kind(device_kind)
     return wrap_rule(t.wraparound_rule if t else "none", tuple(chip_shape))
+
+
+def host_memory_per_device(t: HardwareType) -> float | None:
+    """Host memory (bytes) one JAX device may count on for buffers offloaded to the host: the
+    catalogue's `host_memory` of one host (TPU: the VM of a multi-host slice) over the devices
+    that host serves. None where the catalogue does not know it (status "unknown") or the
+    entry has no fixed host (CPU)."""
+    fact = t.fact("host_memory")
+    if fact is None or fact.base is None or t.devices_per_host <= 0:
+        return None
+    return fact.base / t.devices_per_host
