@@ -24,6 +24,8 @@ _PUBLIC = {
     "shard_batch": "jobs.batch",
     "host_batch_slice": "jobs.batch",
     "HostBatchSlice": "jobs.batch",
+    "replan": "jobs.replan",
+    "Replan": "jobs.replan",
     "axis_groups": "groups",
     "process_groups": "groups",
     "submesh": "groups",
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from .hardware.strings import simulate_devices
     from .hardware.topology import topology_devices
     from .jobs.batch import HostBatchSlice, host_batch_slice, shard_batch
+    from .jobs.replan import Replan, replan
     from .plan import MeshPlan, create_device_mesh, plan_mesh
     from .presets import list_presets
     from .rules import match_regex_rules
