@@ -11,6 +11,12 @@ import pytest
 import loadax_mesh as lm
 from loadax_mesh import MeshConfigError, Replan, replan
 
+# HSDP written out (not the preset, whose rules may change): shard inside a granule,
+# replicate across, the batch over both.
+HSDP = lm.MeshConfig(
+    lm.HybridMeshShape((1, -1), (-1, 1)), ("replicate", "shard"), ("replicate", "shard")
+)
+
 
 def without(hardware: str, **lose: int) -> list:
     """The simulated devices of `hardware` minus one host (`host=`) or one slice (`slice=`)."""
@@ -22,7 +28,7 @@ def without(hardware: str, **lose: int) -> list:
 def test_a_tpu_slice_missing_a_host_is_dropped_whole() -> None:
     # 4 slices of 256 v5e chips, data across slices (hsdp: replicate=4 x shard=256), batch 1024:
     # 1 row a chip. Host 70 is in slice 1 (64 hosts a slice).
-    config = lm.MeshConfig.from_preset("hsdp")
+    config = HSDP
     before = config.plan(lm.simulate_devices("tpu-v5litepod-256-4"))
     assert before.shape == {"replicate": 4, "shard": 256}
     devices = without("tpu-v5litepod-256-4", host=70)
@@ -38,7 +44,7 @@ def test_a_tpu_slice_missing_a_host_is_dropped_whole() -> None:
 
 
 def test_a_lost_slice_leaves_the_rest_whole_and_micro_batches_rise() -> None:
-    config = lm.MeshConfig.from_preset("hsdp")
+    config = HSDP
     # 3072 rows on the 768 devices left: 4 rows a device in one step
     devices = without("tpu-v5litepod-256-4", slice=2)
     got = replan(config, devices, global_batch=3072, rows_per_device=4)
@@ -63,7 +69,7 @@ def test_only_the_catalogue_sees_a_loss_in_every_slice() -> None:
 
 def test_a_gpu_node_missing_a_gpu_is_dropped() -> None:
     # 4 p5 nodes of 8 H100s, one NVLink domain each; node 2 lost GPU 19.
-    config = lm.MeshConfig.from_preset("fsdp")
+    config = lm.MeshConfig((-1,), ("fsdp",), "fsdp")
     devices = [d for d in lm.simulate_devices("gpu-p5.48xlarge-32") if d.id != 19]
     got = replan(config, devices, global_batch=48, rows_per_device=2, hardware="gpu-p5.48xlarge-32")
     assert got.dropped_granules == (2,) and len(got.dropped) == 7
@@ -154,8 +160,8 @@ def test_replan_imports_no_jax() -> None:
     code = (
         "import sys, loadax_mesh as lm\n"
         "d = [x for x in lm.simulate_devices('tpu-v5litepod-256-4') if x.process_index != 5]\n"
-        "r = lm.replan(lm.MeshConfig.from_preset('hsdp'), d, global_batch=768, "
-        "rows_per_device=1)\n"
+        "c = lm.MeshConfig(lm.HybridMeshShape((1, -1), (-1, 1)), ('r', 's'), ('r', 's'))\n"
+        "r = lm.replan(c, d, global_batch=768, rows_per_device=1)\n"
         "assert r.dropped_granules == (0,), r\n"
         "assert 'jax' not in sys.modules\n"
     )
