@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import loadax_mesh as lm
-from loadax_mesh import HybridMeshShape, MeshConfig, MeshConfigError
+from loadax_mesh import HybridMeshShape, MeshConfig, MeshConfigError, ModelSpec
 from loadax_mesh.hardware.strings import list_hardware, parse_hardware, simulate_devices
 from loadax_mesh.presets import get_preset, list_presets, load_preset
 from loadax_mesh.rules import match_regex_rules
@@ -120,8 +120,34 @@ def test_fsdp_inside_granules_data_across():
     assert (p.ici_mesh_shape, p.dcn_mesh_shape) == ((1, 16), (2, 1))
     p = plan("gpu-p5.48xlarge-32")
     assert (p.ici_mesh_shape, p.dcn_mesh_shape) == ((1, 8), (4, 1))
-    assert plan("gpu-a4x-highgpu-4g-144").shape == {"data": 2, "fsdp": 72}
-    assert plan("gpu-a4x-highgpu-4g-72").shape == {"data": 1, "fsdp": 72}
+    # An NVL72 rack shards 8 ways (72 divides no model's d_model) and runs data over the rest.
+    p = plan("gpu-a4x-highgpu-4g-144")
+    assert (p.ici_mesh_shape, p.dcn_mesh_shape) == ((9, 8), (2, 1))
+    assert plan("gpu-a4x-highgpu-4g-72").shape == {"data": 9, "fsdp": 8}
+    assert plan("gpu-a4x-highgpu-4g-12").shape == {"data": 3, "fsdp": 4}
+    assert plan("gpu-a4x-highgpu-4g-64").shape == {"data": 8, "fsdp": 8}
+
+
+# The axes over which the reference step shards a weight's d_model or its heads.
+_SHARDING_AXES = ("fsdp", "shard", "model")
+
+
+@pytest.mark.parametrize("name", ["fsdp", "hsdp", "fsdp_tp", "pipeline_fsdp_tp"])
+def test_a_preset_default_on_catalogue_hardware_shards_every_catalogue_model(name):
+    from loadax_mesh.workload.spec import list_models
+
+    models = [ModelSpec.from_name(m) for m in list_models() if m != "tiny"]
+    config = MeshConfig.from_preset(name)
+    bad = []
+    for t in list_hardware():
+        for hardware in t.examples:
+            plan = config.plan(simulate_devices(hardware), selector=hardware)
+            for axis in _SHARDING_AXES:
+                size = plan.shape.get(axis, 1)
+                bad += [(hardware, axis, size, m.name) for m in models if m.d_model % size]
+                if axis == "model":
+                    bad += [(hardware, axis, size, m.name) for m in models if m.num_kv_heads % size]
+    assert not bad, bad
 
 
 def test_hsdp_shard_inside_replicate_across():
@@ -164,7 +190,7 @@ def test_model_parallel_axes_fill_a_host_of_every_catalogue_gpu(t):
 
 def test_large_sets_plan():
     for hardware, name, shape in [
-        ("tpu-v5p-12288-2", "fsdp", {"data": 2, "fsdp": 6144}),
+        ("tpu-v5p-12288-2", "fsdp", {"data": 6, "fsdp": 2048}),  # 6144 = 3 x 2048 a slice
         ("gpu-p5.48xlarge-4096", "fsdp_tp", {"data": 1, "fsdp": 512, "model": 8}),
     ]:
         plan = MeshConfig.from_preset(name).plan(simulate_devices(hardware), selector=hardware)
@@ -200,7 +226,7 @@ def test_an_override_fixes_the_axis_everywhere(name):
     ("name", "overrides", "hardware", "shape"),
     [
         ("fsdp_tp", {"tp": 8}, "tpu-v5p-512-2", {"data": 2, "fsdp": 32, "model": 8}),
-        ("fsdp_tp", {"tp": 8}, "gpu-a4x-highgpu-4g-144", {"data": 2, "fsdp": 9, "model": 8}),
+        ("fsdp_tp", {"tp": 8}, "gpu-a4x-highgpu-4g-144", {"data": 18, "fsdp": 1, "model": 8}),
         ("fsdp_tp", {"tp": 16}, "gpu-p5.48xlarge-32", {"data": 1, "fsdp": 2, "model": 16}),
         ("fsdp_tp", {"tp": 2, "dp": 2}, "cpu-8", {"data": 2, "fsdp": 2, "model": 2}),
         ("fsdp_tp", {"model": 1}, "gpu-p5.48xlarge-16", {"data": 1, "fsdp": 16, "model": 1}),
@@ -229,7 +255,7 @@ def test_an_override_fixes_the_axis_everywhere(name):
             "pipeline_fsdp_tp",
             {"pp": 2},
             "gpu-a4x-highgpu-4g-72",
-            {"pipeline": 2, "data": 1, "fsdp": 9, "model": 4},
+            {"pipeline": 2, "data": 9, "fsdp": 1, "model": 4},
         ),
     ],
 )
