@@ -146,10 +146,10 @@ def collective_table(report: CompileReport) -> str:
 def _gpu_pool(usable: int) -> str:
     from ..hardware.gpu_targets import gpu_pool_fraction
 
-    fraction = gpu_pool_fraction()
+    fraction, where = gpu_pool_fraction()
     return (
         f"{size_text(usable)}: the pool jax's GPU client preallocates, {fraction:g} of the "
-        f"{size_text(usable / fraction)} the GPU reports (XLA_CLIENT_MEM_FRACTION)"
+        f"{size_text(usable / fraction)} the GPU reports ({where})"
     )
 
 

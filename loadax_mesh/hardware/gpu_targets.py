@@ -3,6 +3,7 @@ compiles for) and what one device's memory the step may use. Pure Python: files 
 
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -39,22 +40,46 @@ def device_memory(device_kind: str) -> int | None:
     return None if found is None else int(found[1])
 
 
-def gpu_pool_fraction() -> float:
-    """The share of a GPU's memory jax's GPU client preallocates (`[gpu_client] mem_fraction`)."""
-    return float(dict(catalogue().gpu_client)["mem_fraction"].value)
+# What jax's GPU client reads (jaxlib's xla_client.generate_pjrt_gpu_plugin_options): the
+# first name, or the deprecated second one; both set is an error there too.
+_FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
+def gpu_pool_fraction() -> tuple[float, str]:
+    """The share of a GPU's memory jax's GPU client preallocates, and where it comes from: the
+    environment variable jax reads (`XLA_CLIENT_MEM_FRACTION`, or the deprecated
+    `XLA_PYTHON_CLIENT_MEM_FRACTION`), else jax's default (`[gpu_client] mem_fraction`)."""
+    given = {name: os.environ[name] for name in _FRACTION_VARS if os.environ.get(name)}
+    if len(given) > 1:
+        raise MeshConfigError(
+            f"{' and '.join(f'{k}={v!r}' for k, v in given.items())} are both set; accepted: "
+            "one of them (jax refuses both; the second is deprecated)"
+        )
+    if not given:
+        default = float(dict(catalogue().gpu_client)["mem_fraction"].value)
+        return default, f"jax's default (neither {' nor '.join(_FRACTION_VARS)} is set)"
+    ((name, text),) = given.items()
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise MeshConfigError(f"{name}={text!r}; accepted: a fraction in (0, 1], such as 0.9")
+    return value, f"{name}={text}"
 
 
 def device_hbm(t: HardwareType) -> float | None:
     """Memory one JAX device may use, in bytes; None where the catalogue does not know.
 
     TPU: what the TPU compiler allows (`hbm_usable`), else the chip's HBM shared by its
-    devices. GPU: the pool jax's GPU client preallocates, `[gpu_client] mem_fraction` (0.75)
-    of the total memory the GPU reports (its target config's `device_memory_size`): the GPU
-    compiler never refuses, and a step that needs more runs out of memory in that pool.
+    devices. GPU: the pool jax's GPU client preallocates, `gpu_pool_fraction()` (0.75 unless
+    the environment says otherwise) of the total memory the GPU reports (its target config's
+    `device_memory_size`): the GPU compiler never refuses, and a step that needs more runs out
+    of memory in that pool.
     """
     if t.platform == "gpu":
         total = device_memory(t.device_kind)
-        return None if total is None else gpu_pool_fraction() * total
+        return None if total is None else gpu_pool_fraction()[0] * total
     usable = t.fact("hbm_usable")
     if usable is not None and usable.base is not None:
         return usable.base
