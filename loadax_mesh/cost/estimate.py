@@ -2,9 +2,14 @@
 
 The overlap model: collectives of parameters and gradients (FSDP gathers and reductions, the
 data-parallel gradient all-reduce) run asynchronously and hide behind compute; tensor-parallel
-all-reduces and sequence gathers feed the very next operation, so they are exposed. Step time =
-max(compute, hidden collectives) + exposed collectives. Compute is FLOPs over the catalogue's
-peak: a bound the real step approaches but does not reach, so MFU here is an upper bound too.
+all-reduces and sequence gathers feed the very next operation, so they are exposed. Offloaded
+activations go out to host memory during the forward pass and come back during the backward
+pass, each way over the device's host link (catalogue `host_link_bandwidth`, PCIe); the copies
+are asynchronous (XLA schedules them beside the layers' compute), so each direction hides
+behind the compute of its own pass and only what exceeds it is exposed. Step time =
+max(compute, hidden collectives) + exposed collectives + exposed offload transfers. Compute is
+FLOPs over the catalogue's peak (recompute included): a bound the real step approaches but does
+not reach, so MFU here is an upper bound too.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from ..hardware.strings import parse_hardware
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .facts import DeviceFacts, device_facts
-from .memory import Shapes, memory_terms, phases
+from .memory import Shapes, host_bytes, memory_terms, phases
 from .traffic import AxisTraffic, axis_traffic, collectives
 
 if TYPE_CHECKING:
@@ -25,8 +30,9 @@ if TYPE_CHECKING:
 
 OVERLAP = (
     "FSDP gathers, gradient reductions and the data-parallel all-reduce hide behind compute; "
-    "tensor-parallel all-reduces and sequence gathers are exposed; "
-    "step = max(compute, hidden) + exposed"
+    "tensor-parallel all-reduces and sequence gathers are exposed; offload copies hide behind "
+    "their own pass's compute (out: forward, in: backward); "
+    "step = max(compute, hidden) + exposed + exposed offload"
 )
 
 
@@ -38,16 +44,25 @@ class Estimate:
     mesh: dict[str, int]
     model: str
     global_batch: int
-    remat: str
+    remat: str  # the recipe priced: remat as the command line writes it,
+    microbatches: int  # gradient accumulation steps,
+    logits_chunks: int  # and the slices of the loss
     memory: dict[str, int]  # the terms live at the peak (a term not live there is 0)
     memory_bytes: int  # their sum: the peak
     terms: dict[str, int]  # every term at its full size
     phases: dict[str, int]  # each phase's total
     hbm_bytes: int
-    fits: bool
+    host_bytes: int  # offloaded activations held in host memory
+    host_memory_bytes: int | None  # what one device may use of its host (None: not offloading
+    # and the catalogue does not know it)
+    fits: bool  # memory_bytes <= hbm_bytes and host_bytes <= host_memory_bytes
     flops: float  # executed, remat recompute included
+    recompute_flops: float  # of which the backward pass's recompute
     compute_seconds: float
     axes: dict[str, AxisTraffic]
+    offload_bytes: int  # per step, each way over the host link
+    offload_seconds: float  # the larger direction's transfer time
+    offload_exposed_seconds: float  # what the two directions add to the step
     step_seconds: float
     tokens_per_second: float
     mfu: float
@@ -96,12 +111,22 @@ def estimate_parts(
         )
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
-    flops, model_flops = step_flops(model, train, r)
+    flops, model_flops, recompute = step_flops(model, train, r)
     compute = flops / facts.peak_flops
     axes = axis_traffic(collectives(model, train, r), r, factors, efficiency, facts)
     hidden = sum(a.seconds - a.exposed_seconds for a in axes.values())
     exposed = sum(a.exposed_seconds for a in axes.values())
-    step = max(compute, hidden) + exposed
+    host = host_bytes(model, train, r, facts.tile)
+    host_memory = facts.need("host_memory_bytes") if host else facts.host_memory_bytes
+    moved = host * train.microbatches  # every micro-batch writes and reads its own
+    out_seconds = in_seconds = offload_exposed = 0.0
+    if moved:
+        link = facts.need("host_link_bandwidth")
+        out_seconds = in_seconds = moved / link
+        forward = model_flops / 3 / facts.peak_flops  # the forward pass: a third of the model
+        backward = compute - forward
+        offload_exposed = max(0.0, out_seconds - forward) + max(0.0, in_seconds - backward)
+    step = max(compute, hidden) + exposed + offload_exposed
     devices = 1
     for _, size in r.sizes:
         devices *= size
@@ -112,39 +137,71 @@ def estimate_parts(
         model=model.name,
         global_batch=train.global_batch,
         remat=train.remat_text,
+        microbatches=train.microbatches,
+        logits_chunks=train.logits_chunks,
         memory=at_peak,
         memory_bytes=peak,
         terms=terms,
         phases=totals,
         hbm_bytes=int(facts.hbm_bytes),
-        fits=peak <= facts.hbm_bytes,
+        host_bytes=host,
+        host_memory_bytes=None if host_memory is None else int(host_memory),
+        fits=peak <= facts.hbm_bytes and (not host or host <= (host_memory or 0)),
         flops=flops,
+        recompute_flops=recompute,
         compute_seconds=compute,
         axes=axes,
+        offload_bytes=moved,
+        offload_seconds=max(out_seconds, in_seconds),
+        offload_exposed_seconds=offload_exposed,
         step_seconds=step,
         tokens_per_second=train.global_batch * model.seq_len / devices / step,
         mfu=model_flops / (step * facts.peak_flops),
-        bottleneck=_bottleneck(compute, hidden, axes),
+        bottleneck=_bottleneck(compute, hidden, axes, offload_exposed),
     )
 
 
-def step_flops(model: ModelSpec, train: TrainSpec, r: Roles) -> tuple[float, float]:
-    """(FLOPs executed, model FLOPs) per device per step. A layer's forward is 2 FLOPs per
-    weight per token plus causal attention (half of 4 * seq * heads * head_dim per token); the
-    backward pass is twice the forward; full remat runs each layer's forward once more."""
+def op_flops(model: ModelSpec) -> dict[str, float]:
+    """FLOPs per token of the op producing each named tensor of a layer (2 per weight; causal
+    attention: half of 4 * seq * heads * head_dim); norms, rotary and activations count 0."""
+    d, hd, f = model.d_model, model.head_dim, model.d_ff
+    h, kv = model.num_heads, model.num_kv_heads
+    return {
+        "layer_input": 0.0,
+        "query": 2.0 * d * h * hd,
+        "key": 2.0 * d * kv * hd,
+        "value": 2.0 * d * kv * hd,
+        "attention_out": 2.0 * model.seq_len * h * hd,
+        "out_proj": 2.0 * h * hd * d,
+        "mlp_in": 4.0 * d * f,
+        "mlp_out": 2.0 * f * d,
+    }
+
+
+def step_flops(model: ModelSpec, train: TrainSpec, r: Roles) -> tuple[float, float, float]:
+    """(FLOPs executed, model FLOPs, recompute FLOPs) per device per step. A layer's forward is
+    the sum of its ops (`op_flops`), the head's 2 per vocabulary weight per token; the backward
+    pass is twice the forward. The backward pass runs again the op of every tensor the remat
+    placement recomputes (under "full" the whole layer), and, with chunked logits, the head of
+    each chunk (the chunk's logits are recomputed, not saved)."""
     sh = Shapes.of(model, train, r)
     m = r.size("model")
-    layer = 2 * (model.layer_params - 2 * model.d_model) + 2 * model.seq_len * model.num_heads * (
-        model.head_dim
-    )
+    ops = op_flops(model)
+    layer = sum(ops.values())
     head = 2 * model.vocab_size * model.d_model
     forward = sh.tokens * (model.num_layers * layer + head) / m
-    recompute = sh.tokens * model.num_layers * layer / m if train.remat == "full" else 0.0
-    return 3 * forward + recompute, 3 * forward
+    again = sum(ops[t] for t, p in train.placements.items() if p == "recompute")
+    recompute = sh.tokens * (model.num_layers * again + head * (train.logits_chunks > 1)) / m
+    return 3 * forward + recompute, 3 * forward, recompute
 
 
-def _bottleneck(compute: float, hidden: float, axes: dict[str, AxisTraffic]) -> str:
+def _bottleneck(
+    compute: float, hidden: float, axes: dict[str, AxisTraffic], offload: float = 0.0
+) -> str:
     exposed = max(axes.values(), key=lambda a: a.exposed_seconds, default=None)
+    worst = max((a.exposed_seconds for a in axes.values()), default=0.0)
+    if offload > 0.5 * compute and offload >= worst:
+        return "host offload (PCIe transfers exposed)"
     slowest = max(axes.values(), key=lambda a: a.seconds, default=None)
     if exposed is not None and exposed.exposed_seconds > 0.5 * compute:
         return f"{exposed.role} axis {exposed.axis!r} (exposed {_where(exposed)})"

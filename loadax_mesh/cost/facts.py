@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import MeshConfigError
+from ..hardware.catalogue import host_memory_per_device
 from ..hardware.gpu_targets import device_hbm
 from ..hardware.strings import HardwareSpec
 
@@ -26,6 +27,8 @@ class DeviceFacts:
     dcn_bandwidth: float | None  # bytes/s one device has across granules (host NICs shared)
     dcn_latency: float | None  # seconds per ring step across granules
     tile: tuple[int, int] | None  # TPU memory tile (rows of 4-byte words, lanes), else None
+    host_memory_bytes: float | None = None  # host memory one device may fill with offloads
+    host_link_bandwidth: float | None = None  # bytes/s between a device and its host, each way
 
     def need(self, name: str) -> float:
         """A fact the estimate needs: its value, or an error naming what is missing."""
@@ -48,6 +51,10 @@ def device_facts(spec: HardwareSpec) -> DeviceFacts:
         return None if fact is None or fact.base is None else fact.base / divide
 
     peak = base("peak_bf16", per_chip)
+    host = {
+        "host_memory_bytes": host_memory_per_device(spec.type),
+        "host_link_bandwidth": base("host_link_bandwidth", per_chip),
+    }
     hbm = device_hbm(spec.type)
     if peak is None or hbm is None:
         missing = "peak_bf16" if peak is None else "hbm"
@@ -66,6 +73,7 @@ def device_facts(spec: HardwareSpec) -> DeviceFacts:
             dcn_bandwidth=base("dcn_bandwidth", per_chip),
             dcn_latency=base("dcn_latency"),
             tile=_tile(spec),
+            **host,
         )
     # NVLink through NVSwitch: a ring step moves at half a GPU's bidirectional NVLink bandwidth.
     nvlink = base("nvlink_bandwidth", 2.0)
@@ -79,6 +87,7 @@ def device_facts(spec: HardwareSpec) -> DeviceFacts:
         dcn_bandwidth=base("network_per_gpu"),
         dcn_latency=base("network_latency"),
         tile=None,
+        **host,
     )
 
 

@@ -1,4 +1,5 @@
-"""Memory per device of the reference step, term by term, and its peak.
+"""Memory per device of the reference step, term by term, and its peak; and the bytes the
+recipe offloads to host memory.
 
 The step holds its arguments for the whole step (parameters and Adam's moments, donated so
 the updated ones reuse them; the batch) and, on top, what the phase it is in needs. Three phases
@@ -9,12 +10,19 @@ layer's weights gathered, twice for prefetch and once as their gradient before i
 its intermediates, recomputed under full remat, and their gradients; on TPU the splash kernel's
 float32 buffers among them) and the tail (gradient shards, a table and its gradient). The
 largest is the peak. On TPU every array is stored in whole memory tiles.
+
+The recipe (TrainSpec): each named tensor of a layer is saved on the device, offloaded to host
+memory, or recomputed in the backward pass; with `microbatches` M every per-row tensor (saved
+activations, a layer's intermediates, the logits) is that of one micro-batch, 1/M of the rows,
+and a float32 accumulator of the gradient shards is held beside them; with `logits_chunks` C the
+logits and their gradient exist one chunk at a time, 1/C of them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..workload.layout import Roles, implementation, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
@@ -24,8 +32,9 @@ from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 class Shapes:
     """The per-device sizes the memory and traffic models share."""
 
-    tokens: int  # tokens one device computes (its batch rows times its sequence slice)
+    tokens: int  # tokens one device computes a step (its batch rows times its sequence slice)
     rows: int  # sequences one device holds
+    micro_rows: int  # of which one micro-batch computes at a time
     seq: int  # sequence slice length
     heads: int  # query heads on one device
     kv_heads: int
@@ -40,6 +49,7 @@ class Shapes:
         return cls(
             tokens=rows * seq,
             rows=rows,
+            micro_rows=max(1, rows // train.microbatches),
             seq=seq,
             heads=model.num_heads // m,
             kv_heads=model.num_kv_heads // m,
@@ -68,6 +78,7 @@ def stored(
     return min(sizes) * nbytes
 
 
+@lru_cache(maxsize=4096)
 def shard_bytes(model: ModelSpec, roles: Roles, nbytes: int, tile: tuple[int, int] | None) -> int:
     """Bytes of one device's shard of every parameter, stored in `nbytes`-byte words."""
     total = 0
@@ -92,7 +103,7 @@ def _intermediates(
     """One layer's forward intermediates on one device: name -> (shape, bytes per element);
     `splash`: attention is TPU's splash kernel."""
     cd = dtype_bytes(train.compute_dtype)
-    r, s, d, hd = sh.rows, sh.seq, model.d_model, model.head_dim
+    r, s, d, hd = sh.micro_rows, sh.seq, model.d_model, model.head_dim
     found = {
         "input": ((r, s, d), cd),
         "attention norm": ((r, s, d), cd),
@@ -135,14 +146,33 @@ _SCRATCH = ("kernel max", "kernel sum", "kernel output", "kernel dq", "kernel dk
 
 
 # A layer's backward pass holds the gradients of its intermediates, and under full remat also
-# the intermediates it recomputes.
-_WORKING = {"full": 2, "dots": 1, "none": 1}
+# the intermediates it recomputes (measured factors of the named policies, bench_cost; "offload"
+# recomputes what "full" does).
+_WORKING = {"full": 2, "dots": 1, "none": 1, "offload": 2}
 
-# What each remat policy keeps of a layer for the backward pass.
-_SAVED = {
-    "full": ("input",),
-    "dots": ("input", "q", "k", "v", "attention projection", "gate", "up", "down"),
+# The intermediates each named tensor of a layer (workload.spec.TENSORS) is, as the step names
+# them with checkpoint_name: the projections' outputs before the rotary embedding, the attention
+# kernel's output, the output projection, the MLP's gate and up projections, its down projection.
+PARTS = {
+    "layer_input": ("input",),
+    "query": ("q",),
+    "key": ("k",),
+    "value": ("v",),
+    "attention_out": ("attention",),
+    "out_proj": ("attention projection",),
+    "mlp_in": ("gate", "up"),
+    "mlp_out": ("down",),
 }
+
+
+def _kept(train: TrainSpec, found: dict[str, tuple[tuple[int, ...], int]], where: str) -> tuple:
+    """The intermediates the recipe keeps `where` ("device" or "offload") for the backward
+    pass. "none" (every tensor on the device) keeps every intermediate: no remat at all."""
+    if train.remat == "none":
+        return tuple(n for n in found if n not in _SCRATCH) if where == "device" else ()
+    return tuple(
+        n for t, p in train.placements.items() if p == where for n in PARTS[t] if n in found
+    )
 
 
 def layer_bytes(
@@ -153,21 +183,39 @@ def layer_bytes(
     tile: tuple[int, int] | None,
     *,
     saved: bool,
+    where: str = "device",
 ) -> int:
-    """Bytes of one layer's intermediates as stored: with `saved` those the remat policy keeps
-    for the backward pass, stacked over the layers in the layout their producer gave them
-    (head_dim minor for the attention kernel's operands); else all of them, as temporaries of
-    the layer being differentiated, which the compiler lays out freely."""
+    """Bytes of one layer's intermediates as stored: with `saved` those the recipe keeps for
+    the backward pass `where` ("device" or "offload": in host memory), stacked over the layers
+    in the layout their producer gave them (head_dim minor for the attention kernel's operands);
+    else all of them, as temporaries of the layer being differentiated, which the compiler lays
+    out freely."""
     platform = "tpu" if tile is not None else "gpu"  # only TPU arrays are stored in tiles
     splash = implementation(train.attention, platform) == "splash"
     found = _intermediates(model, train, sh, roles, splash=splash)
-    everything = tuple(n for n in found if not (saved and n in _SCRATCH))  # never read again
-    keep = _SAVED.get(train.remat_text, everything) if saved else everything
+    keep = _kept(train, found, where) if saved else tuple(found)
     return sum(
         stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
         for name, (shape, nbytes) in found.items()
         if name in keep
     )
+
+
+def working_bytes(
+    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, tile: tuple[int, int] | None
+) -> int:
+    """What one layer's backward pass holds of intermediates: their gradients, and what it
+    recomputes. The named policies keep their measured factor; a custom placement holds every
+    gradient plus the named tensors it recomputes (as "dots" when it recomputes none)."""
+    everything = layer_bytes(model, train, sh, roles, tile, saved=False)
+    if isinstance(train.remat, str):
+        return _WORKING[train.remat] * everything
+    platform = "tpu" if tile is not None else "gpu"
+    found = _intermediates(
+        model, train, sh, roles, splash=implementation(train.attention, platform) == "splash"
+    )
+    again = (n for t, p in train.placements.items() if p == "recompute" for n in PARTS[t])
+    return everything + sum(stored(*found[n], tile) for n in again if n in found)
 
 
 # The attention kernel's operands and result: head_dim is their minor dim.
@@ -188,37 +236,67 @@ def memory_terms(
     *,
     batch_across_granules: bool = False,
 ) -> dict[str, int]:
-    """Every term in bytes per device; `phases` says which of them are live at once. Where the
-    batch spans TPU slices, the embedding tables' gradients wait for the reduction across slices
-    (the hosts' megascale transfers, at the end of the step): both tables and both gradients
-    are held (`batch_across_granules`; GPUs reduce across hosts as they go)."""
+    """Every device term in bytes per device; `phases` says which of them are live at once.
+    Where the batch spans TPU slices, the embedding tables' gradients wait for the reduction
+    across slices (the hosts' megascale transfers, at the end of the step): both tables and both
+    gradients are held (`batch_across_granules`; GPUs reduce across hosts as they go)."""
+    terms = dict(_fixed_terms(model, train.param_dtype, train.opt_state_dtype,
+                              train.compute_dtype, roles, tile, batch_across_granules))  # fmt: skip
     sh = Shapes.of(model, train, roles)
-    pd, od, cd = (
-        dtype_bytes(x) for x in (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
-    )
-    m = roles.size("model")
-    table = stored((sh.vocab, model.d_model), cd, tile)
-    layer = layer_weights(model, m) * cd
-    return {
-        "params": shard_bytes(model, roles, pd, tile),
-        "optimizer": 2 * shard_bytes(model, roles, od, tile),
-        "gradients": shard_bytes(model, roles, pd, tile),
-        # Across data-parallel axes the gradient shards are reduced in the compute dtype: a
-        # second set of them, stacked over the layers like the float32 one.
-        "reduced gradients": shard_bytes(model, roles, cd, tile) * bool(roles.data_parallel_axes()),
+    cd = dtype_bytes(train.compute_dtype)
+    layer = layer_weights(model, roles.size("model")) * cd
+    logits = 2 * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
+    return terms | {
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
         "activations": model.num_layers * layer_bytes(model, train, sh, roles, tile, saved=True),
-        "logits": 2 * stored((sh.rows, sh.seq, sh.vocab), cd, tile),
-        "embeddings": (4 if batch_across_granules else 2) * table,
-        "layer": 3 * layer
-        + _WORKING[train.remat_text] * layer_bytes(model, train, sh, roles, tile, saved=False),
+        "logits": -(-logits // train.logits_chunks),
+        # Gradient accumulation: the running sum of every gradient shard, in float32.
+        "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
+        "layer": 3 * layer + working_bytes(model, train, sh, roles, tile),
     }
 
 
+def host_bytes(
+    model: ModelSpec, train: TrainSpec, roles: Roles, tile: tuple[int, int] | None
+) -> int:
+    """Bytes per device the recipe offloads to host memory: the offloaded tensors of every
+    layer (of one micro-batch: each micro-batch's backward pass reads them back before the next
+    one's forward pass writes them), as the device stores them."""
+    if "offload" not in train.placements.values():
+        return 0
+    sh = Shapes.of(model, train, roles)
+    per_layer = layer_bytes(model, train, sh, roles, tile, saved=True, where="offload")
+    return model.num_layers * per_layer
+
+
+@lru_cache(maxsize=4096)
+def _fixed_terms(
+    model: ModelSpec,
+    param_dtype: str,
+    opt_dtype: str,
+    compute_dtype: str,
+    roles: Roles,
+    tile: tuple[int, int] | None,
+    held: bool,
+) -> tuple[tuple[str, int], ...]:
+    """The terms the recipe does not change: parameters, optimizer state, gradients, tables."""
+    pd, od, cd = (dtype_bytes(x) for x in (param_dtype, opt_dtype, compute_dtype))
+    table = stored((model.vocab_size // roles.size("model"), model.d_model), cd, tile)
+    return (
+        ("params", shard_bytes(model, roles, pd, tile)),
+        ("optimizer", 2 * shard_bytes(model, roles, od, tile)),
+        ("gradients", shard_bytes(model, roles, pd, tile)),
+        # Across data-parallel axes the gradient shards are reduced in the compute dtype: a
+        # second set of them, stacked over the layers like the float32 one.
+        ("reduced gradients", shard_bytes(model, roles, cd, tile) * _dp(roles)),
+        ("embeddings", (4 if held else 2) * table),
+    )
+
+
 PHASES = {
-    "backward head": ("activations", "gradients", "logits", "embeddings"),
-    "layer loop": ("activations", "gradients", "reduced gradients", "layer"),
-    "tail": ("gradients", "reduced gradients", "embeddings"),
+    "backward head": ("activations", "gradients", "accumulator", "logits", "embeddings"),
+    "layer loop": ("activations", "gradients", "accumulator", "reduced gradients", "layer"),
+    "tail": ("gradients", "accumulator", "reduced gradients", "embeddings"),
 }
 ALWAYS = ("params", "optimizer", "batch")
 
@@ -228,3 +306,8 @@ def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
     totals = {name: sum(terms[k] for k in (*ALWAYS, *parts)) for name, parts in PHASES.items()}
     worst = max(totals, key=lambda name: totals[name])
     return totals, {*ALWAYS, *PHASES[worst]}
+
+
+def _dp(roles: Roles) -> int:
+    """1 where the step has data-parallel axes (it reduces gradients in the compute dtype)."""
+    return int(bool(roles.data_parallel_axes()))

@@ -5,9 +5,9 @@ buffer over the group (all-gather's result, reduce-scatter's input, the others' 
 device and per step. What each role's axis carries:
 - FSDP: every layer's weights gathered in the forward pass and again in the backward pass (a
   full-remat recompute reuses the backward's), and its weight gradients reduced; the embedding
-  tables gathered and their gradients reduced. (Where the TPU compiler turns a gather or a
-  reduce-scatter into a collective matmul, a ring of permutes inside the matmul, the ring moves
-  the same bytes.)
+  tables gathered and their gradients reduced; all of it once per micro-batch. (Where the TPU
+  compiler turns a gather or a reduce-scatter into a collective matmul, a ring of permutes
+  inside the matmul, the ring moves the same bytes.)
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
 - Tensor (`model`): per layer two all-reduces of the layer's output in the forward pass, two of
   the input gradients in the backward pass and one more where full remat recomputes the
@@ -66,38 +66,47 @@ class AxisTraffic:
 
 
 def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collective]:
-    """Every collective the step runs, by axis (see the module's docstring)."""
+    """Every collective the step runs, by axis (see the module's docstring). With micro-batches
+    each runs once per micro-batch: the weights are gathered again and each micro-batch's
+    gradients are reduced as they come (the step differentiates one micro-batch at a time);
+    activation collectives move a micro-batch's rows each time."""
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
-    m, L, d = roles.size("model"), model.num_layers, model.d_model
+    m, L, d, M = roles.size("model"), model.num_layers, model.d_model, train.microbatches
     layer = layer_weights(model, m) * cd
     tables = (1 if model.tied_embeddings else 2) * sh.vocab * d * cd
     shard = model.num_params // (roles.size("fsdp") * m) * cd
-    recompute = 1 if train.remat == "full" else 0  # a second forward pass of every layer
+    placed = train.placements
+    # A second forward pass of the attention half (its output projection recomputed), and of
+    # the keys and values (recomputed for the attention kernel's backward pass).
+    again = int(placed["out_proj"] == "recompute")
+    kv_again = int("recompute" in (placed["key"], placed["value"]))
     found: list[Collective] = []
     if roles.fsdp is not None and roles.size("fsdp") > 1:
         a = roles.fsdp
         found += [
-            Collective(a, "all-gather", "layer weights", layer, 2 * L, True),
-            Collective(a, "reduce-scatter", "layer weight gradients", layer, L, True),
-            Collective(a, "all-gather", "embedding tables", tables, 1, True),
-            Collective(a, "reduce-scatter", "embedding gradients", tables, 1, True),
+            Collective(a, "all-gather", "layer weights", layer, 2 * L * M, True),
+            Collective(a, "reduce-scatter", "layer weight gradients", layer, L * M, True),
+            Collective(a, "all-gather", "embedding tables", tables, M, True),
+            Collective(a, "reduce-scatter", "embedding gradients", tables, M, True),
         ]
     for a in roles.data_parallel_axes():
-        found.append(Collective(a, "all-reduce", "gradient shards", shard, 1, True))
+        found.append(Collective(a, "all-reduce", "gradient shards", shard, M, True))
     if roles.model is not None and m > 1:
-        activation = sh.tokens * d * cd
+        activation = sh.micro_rows * sh.seq * d * cd
         # forward 2, backward 2, and a recompute needs only the attention half's (the layer's
         # output is not an input of its own backward pass)
-        runs = L * (4 + recompute) + 2
+        runs = (L * (4 + again) + 2) * M
         found.append(
             Collective(roles.model, "all-reduce", "layer outputs", activation, runs, False)
         )
     if roles.seq is not None and roles.size("seq") > 1:
-        kv = 2 * sh.rows * model.seq_len * sh.kv_heads * model.head_dim * cd
+        kv = 2 * sh.micro_rows * model.seq_len * sh.kv_heads * model.head_dim * cd
         found += [
-            Collective(roles.seq, "all-gather", "keys and values", kv, L * (1 + recompute), False),
-            Collective(roles.seq, "reduce-scatter", "key and value gradients", kv, L, False),
+            Collective(
+                roles.seq, "all-gather", "keys and values", kv, L * (1 + kv_again) * M, False
+            ),
+            Collective(roles.seq, "reduce-scatter", "key and value gradients", kv, L * M, False),
         ]
     return found
 
