@@ -87,11 +87,7 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
                 f"           (the figure below is the step as written; the compiler's own extra "
                 f"remat got it to {size_text(report.squeezed_bytes)}, the message's GiB in GB)"
             )
-    hbm = "?" if report.hbm_bytes is None else size_text(report.hbm_bytes)
-    verdict = {True: "fits", False: "does NOT fit", None: "fit unknown (no HBM in the catalogue)"}
-    lines.append(
-        f"memory     {size_text(report.total_bytes)} per device of {hbm}: {verdict[report.fits]}"
-    )
+    lines.append(f"memory     {size_text(report.total_bytes)} per device{_judged(report)}")
     if report.hbm_bytes is not None and report.hardware.startswith("gpu-"):
         lines.append("           " + _gpu_pool(report.hbm_bytes))
     if report.argument_bytes is not None:
@@ -141,6 +137,19 @@ def collective_table(report: CompileReport) -> str:
         + [_gb_or_unknown(totals["across_granules"])] * granules
     )
     return text_table(rows)
+
+
+def _judged(report: CompileReport) -> str:
+    """What the memory is held against, in words: the device's HBM, or why nothing."""
+    if report.hbm_bytes is not None:
+        verdict = "fits" if report.fits else "does NOT fit"
+        return f" of {size_text(report.hbm_bytes)}: {verdict}"
+    if report.hardware.startswith("cpu-"):
+        return (
+            ": not judged (CPU devices share the host's memory; the catalogue gives a CPU "
+            "device no memory of its own to hold this against)"
+        )
+    return ": not judged (the catalogue gives no HBM for this hardware)"
 
 
 def _gpu_pool(usable: int) -> str:

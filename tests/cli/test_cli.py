@@ -404,3 +404,41 @@ def test_shape_takes_commas_only(capsys):
 
     assert main(["plan", "tpu-v5p-512", "--shape", "16x16", "--axes", "a,b"]) == 2
     assert "'16x16' is not an integer" in capsys.readouterr().err
+
+
+def test_compile_local_cpu_says_its_memory_is_not_judged(capsys):
+    code, out, _ = run(
+        capsys,
+        *("compile", "--devices", "local", "--strategy", "fsdp"),
+        *("--model", "tiny", "--global-batch", "8"),
+    )
+    assert code == 0
+    memory = next(line for line in out.splitlines() if line.startswith("memory"))
+    assert "not judged (CPU devices share the host's memory" in memory
+    assert "?" not in memory and "unknown" not in memory
+
+
+def test_a_compile_on_a_terminal_counts_seconds(monkeypatch):
+    """On a TTY the progress line is redrawn with the seconds so far while XLA works."""
+    import io
+    import threading
+
+    from loadax_mesh.cli.compile import _progress
+
+    ticked = threading.Event()
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, text: str) -> int:
+            if text.startswith("\r") and " s" in text:
+                ticked.set()
+            return super().write(text)
+
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    with _progress("compiling tiny for cpu-8"):
+        assert ticked.wait(30)  # the body runs until the line has been drawn once
+    assert re.search(r"\r. compiling tiny for cpu-8: \d+ s", terminal.getvalue())
+    assert terminal.getvalue().endswith("\r\033[K")  # the line is cleared when done
