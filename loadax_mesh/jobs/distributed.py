@@ -26,10 +26,12 @@ from .launch_env import (
     ENV_INIT_TIMEOUT,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
+    ENV_RESTART,
     LauncherEnv,
     child_env,
     launched,
     launcher_env,
+    restart_count,
     with_device_count,
 )
 
@@ -42,6 +44,7 @@ __all__ = [
     "ENV_INIT_TIMEOUT",
     "ENV_NUM_PROCESSES",
     "ENV_PROCESS_ID",
+    "ENV_RESTART",
     "LauncherEnv",
     "child_env",
     "initialize",
@@ -49,6 +52,7 @@ __all__ = [
     "launched",
     "launcher_env",
     "main",
+    "restart_count",
     "with_device_count",
 ]
 

@@ -19,6 +19,7 @@ ENV_NUM_PROCESSES = "LOADAX_MESH_NUM_PROCESSES"
 ENV_PROCESS_ID = "LOADAX_MESH_PROCESS_ID"
 ENV_DEVICES_PER_PROCESS = "LOADAX_MESH_DEVICES_PER_PROCESS"
 ENV_INIT_TIMEOUT = "LOADAX_MESH_INIT_TIMEOUT"
+ENV_RESTART = "LOADAX_RESTART"  # 0 on the first run, then 1, 2, ... (launch --max-restarts)
 
 _COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
@@ -31,8 +32,10 @@ def child_env(
     devices_per_process: int,
     coordinator: str,
     init_timeout: int,
+    restart: int = 0,
 ) -> dict[str, str]:
-    """The environment of child `index`: the launcher's settings, K CPU devices, unbuffered."""
+    """The environment of child `index`: the launcher's settings, K CPU devices, unbuffered,
+    and which run of the job this is (`LOADAX_RESTART`: 0 first, then 1, 2, ...)."""
     env = dict(base)
     env.update(
         {
@@ -41,6 +44,7 @@ def child_env(
             ENV_PROCESS_ID: str(index),
             ENV_DEVICES_PER_PROCESS: str(devices_per_process),
             ENV_INIT_TIMEOUT: str(init_timeout),
+            ENV_RESTART: str(restart),
             "XLA_FLAGS": with_device_count(env.get("XLA_FLAGS", ""), devices_per_process),
             "JAX_PLATFORMS": "cpu",
             "PYTHONUNBUFFERED": "1",
@@ -88,6 +92,12 @@ def launcher_env(env: Mapping[str, str] | None = None) -> LauncherEnv | None:
     devices = _env_int(env_map, ENV_DEVICES_PER_PROCESS, low=1)
     timeout = _env_int(env_map, ENV_INIT_TIMEOUT, low=1) if ENV_INIT_TIMEOUT in env_map else None
     return LauncherEnv(coordinator, num, pid, devices, timeout)
+
+
+def restart_count(env: Mapping[str, str] | None = None) -> int:
+    """Which run of the job this process belongs to: `LOADAX_RESTART` (0 when unset)."""
+    env_map: Mapping[str, str] = os.environ if env is None else env
+    return _env_int(env_map, ENV_RESTART, low=0) if ENV_RESTART in env_map else 0
 
 
 def launched() -> bool:

@@ -4,7 +4,8 @@
 of `launch_env.child_env`) to join a `jax.distributed` job with K CPU devices and gloo
 collectives: what `torchrun --nproc_per_node` is to PyTorch, for developing multi-host code on
 one machine. It only spawns, relays output and watches; it never imports jax (the children do,
-in `distributed.initialize()`).
+in `distributed.initialize()`). The children's machinery (starting without a fork, relaying
+output, watching one run) is in children.py; this module is the job: restarts and the flags.
 
 Run as `loadax-mesh launch ...` or `python -m loadax_mesh launch ...`.
 """
@@ -12,26 +13,20 @@ Run as `loadax-mesh launch ...` or `python -m loadax_mesh launch ...`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import Any
 
 from ..errors import MeshConfigError
-from .launch_env import child_env
+from .children import PREFIX as _PREFIX
+from .children import Job, Stop, check_command, raise_stop, stop
 
 DEFAULT_TIMEOUT = 600.0
-_STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL (jax catches SIGTERM for preemption)
-_POLL = 0.05
-_PREFIX = "loadax-mesh launch"
 
 
 def _check_int(value: Any, *, field: str, low: int, high: int | None = None) -> int:
@@ -61,81 +56,6 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-def _death_signal() -> Any:
-    """A function to run in the child before exec (Linux): it makes the child get SIGKILL
-    when the launcher dies, however it dies. Looked up here, in the parent, so the child
-    between fork and exec only makes one C call."""
-    if sys.platform != "linux":
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
-# jax's gloo collectives announce every connection they make; shown only with --verbose. Gloo
-# writes each message in pieces from C++ threads on the child's own descriptors, so under load
-# two messages can interleave and split across lines, or land inside a line of the child's.
-# Every piece is cut out wherever it is, and a line left with nothing but the numbers the
-# pieces carried is dropped.
-_NOISE = re.compile(
-    r"\[Gloo\] Rank \d*|\d* is connected to \d*| peer ranks\. "
-    r"|Expected number of connected peer ranks is : \d*"
-)
-
-
-def _quiet(line: str) -> str | None:
-    """`line` without gloo's connection messages; None when nothing of the child's is left."""
-    if not _NOISE.search(line):
-        return line
-    rest = _NOISE.sub("", line)
-    return None if re.fullmatch(r"[\d\s]*", rest) else rest
-
-
-def _pump(
-    stream: IO[bytes], out: IO[str], prefix: str, lock: threading.Lock, verbose: bool
-) -> None:
-    for raw in iter(stream.readline, b""):
-        text = raw.decode(errors="replace")
-        line = text if verbose else _quiet(text)
-        if line is None:
-            continue
-        with lock:
-            out.write(prefix + (line if line.endswith("\n") else line + "\n"))
-            out.flush()
-    stream.close()
-
-
-class _Stop(Exception):
-    """The launcher itself was asked to stop (SIGTERM)."""
-
-
-def _raise_stop(signum: int, frame: Any) -> None:
-    raise _Stop
-
-
-def _stop(procs: dict[int, subprocess.Popen[bytes]]) -> list[int]:
-    """Stop every child still running (SIGTERM to its process group, then SIGKILL)."""
-    running = [i for i, p in procs.items() if p.poll() is None]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for i in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(procs[i].pid, sig)
-        deadline = time.monotonic() + _STOP_GRACE
-        while time.monotonic() < deadline and any(procs[i].poll() is None for i in running):
-            time.sleep(_POLL)
-        if all(procs[i].poll() is not None for i in running):
-            break
-    return running
-
-
-def _exit_code(returncode: int) -> int:
-    return returncode if 0 < returncode < 256 else 128 + abs(returncode)
-
-
 def launch(
     command: Sequence[str],
     *,
@@ -145,10 +65,18 @@ def launch(
     timeout: float = DEFAULT_TIMEOUT,
     host: str = "127.0.0.1",
     verbose: bool = False,
+    max_restarts: int = 0,
+    min_nprocs: int = 1,
 ) -> int:
     """Run `command` as `nprocs` local processes of one jax.distributed job; return the exit
     code: 0 when all succeed, else the first failing child's code (the others are stopped),
-    124 on timeout. Gloo's connection messages are relayed only when `verbose`."""
+    124 on timeout. Gloo's connection messages are relayed only when `verbose`.
+
+    Elastic: when a process fails (a non-zero exit or a signal), the others are stopped and,
+    while fewer than `max_restarts` restarts were made and at least `min_nprocs` processes are
+    left (one fewer per failed process), the job starts again on those, with `LOADAX_RESTART`
+    (0 on the first run) counting the runs, on a fresh coordinator port. `timeout` bounds all
+    runs together."""
     if isinstance(command, str) or not command or not all(isinstance(c, str) for c in command):
         raise MeshConfigError(
             f"command={command!r}; accepted: a non-empty list of strings, e.g. "
@@ -156,6 +84,8 @@ def launch(
         )
     _check_int(nprocs, field="nprocs", low=1)
     _check_int(devices_per_process, field="devices_per_process", low=1)
+    _check_int(max_restarts, field="max_restarts", low=0)
+    _check_int(min_nprocs, field="min_nprocs", low=1, high=nprocs)
     number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
     if not (number and timeout > 0 and math.isfinite(timeout)):
         raise MeshConfigError(f"timeout={timeout!r}; accepted: a finite number of seconds > 0")
@@ -168,98 +98,39 @@ def launch(
                 f"port={port} is in use on {host}; accepted: a free port, or no --port to let "
                 "the launcher pick one"
             )
-    lock = threading.Lock()
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    pumps: dict[int, list[threading.Thread]] = {}
+    check_command(command)
+    job = Job(list(command), devices_per_process, host, timeout, verbose)
     in_main = threading.current_thread() is threading.main_thread()
-    old_term = signal.signal(signal.SIGTERM, _raise_stop) if in_main else None
-    deadline = time.monotonic() + timeout
+    old_term = signal.signal(signal.SIGTERM, raise_stop) if in_main else None
     try:
-        on_fork = _death_signal()
-        for i in range(nprocs):
-            env = child_env(
-                os.environ,
-                index=i,
-                nprocs=nprocs,
-                devices_per_process=devices_per_process,
-                coordinator=f"{host}:{port}",
-                init_timeout=max(1, math.ceil(timeout)),
+        restart = 0
+        while True:
+            code, lost = job.run(nprocs, restart, port)
+            if not lost:
+                return code
+            left = nprocs - lost
+            if restart >= max_restarts:
+                if max_restarts:
+                    job.say(f"not restarting: all {max_restarts} restarts made (--max-restarts)")
+                return code
+            if left < min_nprocs:
+                job.say(
+                    f"not restarting: {left} process{'es' * (left != 1)} left, fewer than "
+                    f"--min-nprocs {min_nprocs}"
+                )
+                return code
+            restart, nprocs, port = restart + 1, left, free_port(host)
+            job.say(
+                f"restart {restart} of {max_restarts}: the job again on {nprocs} "
+                f"process{'es' * (nprocs != 1)} (LOADAX_RESTART={restart})"
             )
-            procs[i] = _spawn(command, env, on_fork)
-        for i, proc in procs.items():  # threads only after every fork
-            pumps[i] = [
-                _start_pump(proc.stdout, sys.stdout, i, lock, verbose),
-                _start_pump(proc.stderr, sys.stderr, i, lock, verbose),
-            ]
-        return _watch(procs, pumps, deadline, timeout, lock)
-    except (KeyboardInterrupt, _Stop):
-        _say(lock, f"interrupted; stopped processes {_stop(procs)}")
+    except (KeyboardInterrupt, Stop):
+        job.say(f"interrupted; stopped processes {stop(job.procs)}")
         return 130
     finally:
-        _stop(procs)
-        for thread in (t for threads in pumps.values() for t in threads):
-            thread.join(timeout=_STOP_GRACE)
+        job.end()
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
-
-
-def _spawn(command: Sequence[str], env: dict[str, str], on_fork: Any) -> subprocess.Popen[bytes]:
-    try:
-        return subprocess.Popen(
-            list(command),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=on_fork,
-        )
-    except OSError as err:
-        raise MeshConfigError(f"command={list(command)!r} could not be started: {err}") from None
-
-
-def _start_pump(
-    stream: IO[bytes] | None, out: IO[str], index: int, lock: threading.Lock, verbose: bool
-) -> threading.Thread:
-    assert stream is not None
-    args = (stream, out, f"[{index}] ", lock, verbose)
-    thread = threading.Thread(target=_pump, args=args, daemon=True)
-    thread.start()
-    return thread
-
-
-def _say(lock: threading.Lock, message: str) -> None:
-    with lock:
-        print(f"{_PREFIX}: {message}", file=sys.stderr, flush=True)
-
-
-def _watch(
-    procs: dict[int, subprocess.Popen[bytes]],
-    pumps: dict[int, list[threading.Thread]],
-    deadline: float,
-    timeout: float,
-    lock: threading.Lock,
-) -> int:
-    while True:
-        codes = {i: p.poll() for i, p in procs.items()}
-        failed = [i for i, code in codes.items() if code not in (None, 0)]
-        if failed:
-            code = codes[failed[0]]
-            assert code is not None
-            what = f"exit code {code}" if code > 0 else f"signal {-code}"
-            stopped = _stop(procs)
-            for thread in (t for i in failed for t in pumps[i]):  # its last words first
-                thread.join(timeout=1.0)
-            names = ", ".join(f"process {i}" for i in failed)
-            _say(lock, f"{names} failed ({what}); stopped processes {stopped}")
-            return _exit_code(code)
-        if all(code == 0 for code in codes.values()):
-            return 0
-        if time.monotonic() > deadline:
-            stopped = _stop(procs)
-            _say(lock, f"timed out after {timeout:g} s (--timeout); stopped processes {stopped}")
-            return 124
-        time.sleep(_POLL)
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -322,6 +193,21 @@ def _parser() -> argparse.ArgumentParser:
         help=f"stop the job after S seconds (default {DEFAULT_TIMEOUT:g})",
     )
     add(
+        "--max-restarts",
+        type=_int_arg(0),
+        default=0,
+        metavar="R",
+        help="when a process fails, start the job again on the processes left, up to R times "
+        "(LOADAX_RESTART=0, 1, ... tells each run which it is; default 0)",
+    )
+    add(
+        "--min-nprocs",
+        type=_int_arg(1),
+        default=1,
+        metavar="M",
+        help="restart only while at least M processes are left (default 1)",
+    )
+    add(
         "--verbose",
         action="store_true",
         help="also relay gloo's connection messages ('[Gloo] Rank i is connected ...')",
@@ -348,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             timeout=args.timeout,
             verbose=args.verbose,
+            max_restarts=args.max_restarts,
+            min_nprocs=args.min_nprocs,
         )
     except MeshConfigError as err:
         print(f"{_PREFIX}: error: {err}", file=sys.stderr)

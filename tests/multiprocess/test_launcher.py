@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def test_gloo_connection_messages_only_with_verbose(verbose: bool) -> None:
 
 def test_gloo_messages_interleaved_by_its_threads_are_dropped() -> None:
     """Two of gloo's messages, split and interleaved as seen on a loaded machine."""
-    from loadax_mesh.jobs.launcher import _quiet
+    from loadax_mesh.jobs.children import _quiet
 
     seen = [
         GLOO.replace(": 1", ": [Gloo] Rank 3\n"),
@@ -364,3 +365,98 @@ def test_initialize_needs_to_run_before_jax_uses_its_devices() -> None:
     done = run("--nprocs", "1", "--devices-per-process", "1", child=child)
     assert done.returncode == 1
     assert "must run before jax uses its devices" in done.stderr
+
+
+# -- starting children without forking the launcher -----------------------------------------
+
+
+def test_launching_after_jax_started_forks_nothing(capfd: Any) -> None:
+    """A `preexec_fn` would make subprocess fork the (threaded) launcher, and jax, once its
+    backend runs, warns about every fork with a RuntimeWarning; the children start without."""
+    import jax
+
+    jax.devices()  # jax's fork warning is armed once a backend is up
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        code = launcher.launch(
+            [sys.executable, "-c", "print('hi')"], nprocs=2, devices_per_process=1, timeout=WAIT
+        )
+    assert code == 0
+    assert sorted(capfd.readouterr().out.splitlines()) == ["[0] hi", "[1] hi"]
+    forks = [w for w in seen if "fork" in str(w.message)]
+    assert not forks, [str(w.message) for w in forks]
+
+
+# -- restarts: the job again on the processes left ----------------------------------------------
+
+RESTARTING = """
+import os, signal, sys, time
+e = os.environ
+run, i, n = e["LOADAX_RESTART"], int(e["LOADAX_MESH_PROCESS_ID"]), e["LOADAX_MESH_NUM_PROCESSES"]
+print("run", run, "of", n, flush=True)
+if run == "0" and i == 3:
+    time.sleep(0.5)
+    {how}
+if run == "0":
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "what"),
+    [("os.kill(os.getpid(), signal.SIGKILL)", "signal 9"), ("sys.exit(5)", "exit code 5")],
+)
+def test_a_lost_process_restarts_the_job_on_the_rest(how: str, what: str) -> None:
+    child = RESTARTING.format(how=how)
+    done = run("--nprocs", "4", "--devices-per-process", "2", "--max-restarts", "2", child=child)
+    assert done.returncode == 0, done.stderr
+    assert f"process 3 failed ({what}); stopped processes [0, 1, 2]" in done.stderr
+    assert "restart 1 of 2: the job again on 3 processes (LOADAX_RESTART=1)" in done.stderr
+    first = [f"[{i}] run 0 of 4" for i in range(4)]
+    assert sorted(done.stdout.splitlines()) == sorted(
+        first + [f"[{i}] run 1 of 3" for i in range(3)]
+    )
+
+
+ALWAYS_FAILS = """
+import os, sys, time
+if os.environ["LOADAX_MESH_PROCESS_ID"] == "0":
+    print("run", os.environ["LOADAX_RESTART"], flush=True)
+    time.sleep(0.3)
+    sys.exit(3)
+time.sleep(120)
+"""
+
+
+def test_restarts_end_when_none_are_left() -> None:
+    done = run(
+        "--nprocs", "3", "--devices-per-process", "1", "--max-restarts", "1", child=ALWAYS_FAILS
+    )
+    assert done.returncode == 3
+    assert done.stdout.splitlines() == ["[0] run 0", "[0] run 1"]
+    assert "restart 1 of 1: the job again on 2 processes" in done.stderr
+    assert done.stderr.rstrip().endswith("not restarting: all 1 restarts made (--max-restarts)")
+
+
+def test_restarts_end_below_the_minimum_of_processes() -> None:
+    args = ["--nprocs", "2", "--devices-per-process", "1", "--max-restarts", "3"]
+    done = run(*args, "--min-nprocs", "2", child=ALWAYS_FAILS)
+    assert done.returncode == 3
+    assert done.stdout.splitlines() == ["[0] run 0"]
+    assert "not restarting: 1 process left, fewer than --min-nprocs 2" in done.stderr
+
+
+def test_restart_arguments_are_checked(capsys: Any) -> None:
+    args = ["--nprocs", "2", "--devices-per-process", "1", "--max-restarts", "-1", "--", "true"]
+    assert launcher.main(args) == 2
+    assert "--max-restarts: '-1'" in capsys.readouterr().err
+    for kwargs, field in (({"min_nprocs": 3}, "min_nprocs"), ({"max_restarts": 1.0}, "max")):
+        with pytest.raises(MeshConfigError, match=f"{field}"):
+            launcher.launch(["true"], nprocs=2, devices_per_process=1, **kwargs)  # type: ignore[arg-type]
+
+
+def test_restart_count_reads_the_environment() -> None:
+    assert distributed.restart_count({}) == 0
+    assert distributed.restart_count({"LOADAX_RESTART": "2"}) == 2
+    with pytest.raises(MeshConfigError, match="LOADAX_RESTART='x'"):
+        distributed.restart_count({"LOADAX_RESTART": "x"})
