@@ -1,5 +1,6 @@
-"""`choose_mesh`: every shape and ICI/DCN split of the axes over the
-hardware, estimated, the ones that fit ranked by step time.
+"""`choose_mesh`: every shape and ICI/DCN split of the axes over the hardware, and every
+recipe (remat placement, micro-batches, logits chunks) of the search, estimated; the meshes
+that fit ranked by step time, each with its fastest recipe.
 
 Candidates are the ordered factorisations of the device count over the axes that the model
 divides (heads, kv heads, d_ff and vocabulary by the tensor axis; d_model by FSDP; the sequence
@@ -10,13 +11,17 @@ that factor on a batch axis). Memory does not depend on device order, so candida
 fit are dropped before planning; the rest are estimated with perfect rings first, which bounds
 their real time from below, and only those whose bound can still reach the top are planned by
 the real planner and estimated on its rings.
+
+Recipes (`recipe_space`): per mesh, for each remat placement and logits-chunk count, only the
+fewest micro-batches that fit are timed (more only add weight gathers, never speed). Memory is
+checked before time, so a recipe that does not fit is never timed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from itertools import product
 from typing import Any
@@ -29,11 +34,20 @@ from ..shapes import HybridMeshShape
 from ..workload.layout import ROLE_NAMES, Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .estimate import Estimate, estimate_parts, holds_tables
-from .facts import device_facts
-from .memory import memory_terms, phases
+from .facts import DeviceFacts, device_facts
+from .memory import host_bytes, memory_terms, phases
 
 AXES = ("data", "fsdp", "seq", "model")
+_Priced = list[tuple[TrainSpec, dict[str, int]]]  # recipes that fit a mesh, with memory terms
 _BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"])
+
+# The recipe fields a search varies, and the default search. MaxText's custom offload as the
+# tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
+# host memory (shared/facts/production_runs.md).
+RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks")
+MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
+REMATS: tuple[str | dict[str, str], ...] = ("none", "dots", "full", "offload", MAXTEXT_OFFLOAD)
+LOGITS_CHUNKS = (1, 4, 16)
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +57,7 @@ class Choice:
     config: MeshConfig
     plan: MeshPlan
     estimate: Estimate
+    train: TrainSpec  # the recipe chosen with the mesh (the given TrainSpec otherwise)
 
     @property
     def ici(self) -> tuple[int, ...]:
@@ -72,22 +87,33 @@ def choose_mesh(
     axes: Sequence[str] = AXES,
     top: int = 5,
     headroom: float = 0.1,
+    recipes: Iterable[Mapping[str, Any]] | None = None,
 ) -> Ranking:
     """The `top` fitting meshes of `axes` for `model` (a ModelSpec or a name from
-    configs/models/) on `hardware`, fastest first; each Choice carries its MeshConfig, MeshPlan
-    and Estimate. A mesh fits when its estimate leaves `headroom` of the HBM free: what the
-    estimate may miss (against the compiler it is within 20%, benchmarks/bench_cost.py)."""
+    configs/models/) on `hardware`, fastest first, each with the fastest recipe that fits it;
+    each Choice carries its MeshConfig, MeshPlan, Estimate and TrainSpec. A mesh fits when its
+    estimate leaves `headroom` of the HBM (and of the host memory it offloads to) free: what the
+    estimate may miss (against the compiler it is within 20%, benchmarks/bench_cost.py).
+
+    `train` gives the batch, dtypes and attention. `recipes` narrows the recipe search: an
+    iterable of mappings from recipe fields (RECIPE_FIELDS) to values; a field a mapping leaves
+    out is searched (remat over REMATS, microbatches over the divisors of the per-replica
+    batch, logits_chunks over LOGITS_CHUNKS), so `[{}]` is the whole search and
+    `[{"remat": "full", "microbatches": 1, "logits_chunks": 1}]` one recipe. None (default):
+    the whole search. Ties in step time go to less communication, then less device memory, then
+    the earlier recipe of the search (REMATS order, fewer micro-batches, fewer chunks)."""
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     names = _check_axes(axes, top)
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")
+    wanted = _check_recipes(recipes, train)
     spec = parse_hardware(hardware)
     facts = device_facts(spec)
     devices = simulate_devices(spec)
     batch = tuple(a for a in names if a in _BATCH)
     n, granules = spec.num_devices, spec.granules
     ranking = Ranking()
-    fitting: list[tuple[tuple[float, float, int], Roles, tuple[int, ...], tuple[int, ...]]] = []
+    fitting: list[tuple[tuple[Any, ...], Roles, tuple[int, ...], tuple[int, ...], _Priced]] = []
     smallest: int | None = None
     batch_ok = False
     for sizes in _factorisations(n, len(names)):
@@ -101,7 +127,7 @@ def choose_mesh(
             _count(ranking.pruned, "the model or batch does not divide", splits)
             continue
         batch_ok = True
-        memory: dict[bool, dict[str, int]] = {}  # by estimate.holds_tables
+        found: dict[bool, tuple[_Priced, int | None]] = {}
         for dcn in _dcn_splits(sizes, granules):
             ranking.considered += 1
             if any(d > 1 and a in (r.model, r.seq) for a, d in zip(names, dcn, strict=True)):
@@ -110,16 +136,16 @@ def choose_mesh(
             ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
             factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
             held = holds_tables(facts, r, factors)
-            if held not in memory:
-                memory[held] = memory_terms(model, train, r, facts.tile, batch_across_granules=held)
-            terms = memory[held]
-            peak = sum(terms[k] for k in phases(terms)[1])
-            if peak > facts.hbm_bytes * (1 - headroom):
-                smallest = peak if smallest is None else min(smallest, peak)
-                _count(ranking.pruned, f"does not fit in {1 - headroom:.0%} of HBM", 1)
+            if held not in found:
+                found[held] = _fitting_recipes(model, train, wanted, r, facts, held, headroom)
+            recipes_here, least = found[held]
+            if not recipes_here:
+                if least is not None:
+                    smallest = least if smallest is None else min(smallest, least)
+                _count(ranking.pruned, f"no recipe fits in {1 - headroom:.0%} of memory", 1)
                 continue
-            bound = _key(estimate_parts(model, train, r, factors, {}, facts, terms=terms))
-            fitting.append((bound, r, ici, dcn))
+            bound, _, kept = _best(model, r, factors, {}, facts, recipes_here)
+            fitting.append((bound, r, ici, dcn, kept))
     if not batch_ok:
         raise MeshConfigError(
             f"global_batch={train.global_batch} is smaller than, or no multiple of, the "
@@ -130,24 +156,111 @@ def choose_mesh(
         needed = "" if smallest is None else f" the smallest needs {smallest / 1e9:.2f} GB"
         raise MeshConfigError(
             f"model {model.name!r} with global batch {train.global_batch} fits no mesh of "
-            f"{list(names)} on {hardware}:{needed} per device, the hardware has "
-            f"{facts.hbm_bytes / 1e9:.2f} GB (of which the choice leaves {headroom:.0%} free)"
+            f"{list(names)} on {hardware} with any recipe searched:{needed} per device, the "
+            f"hardware has {facts.hbm_bytes / 1e9:.2f} GB (of which the choice leaves "
+            f"{headroom:.0%} free)"
         )
     fitting.sort(key=lambda c: c[0])
-    best: list[Choice] = []
-    for bound, r, ici, dcn in fitting:
-        if len(best) >= top and bound >= _key(best[top - 1].estimate):
+    best: list[tuple[tuple[Any, ...], Choice]] = []
+    for bound, r, ici, dcn, kept in fitting:
+        if len(best) >= top and bound >= best[top - 1][0]:
             break  # perfect rings would not beat the top: neither will real ones
         config = MeshConfig(HybridMeshShape(ici, dcn), names, batch)
         plan = plan_config(config, devices, granule="auto", hardware=hardware)
         efficiency = {a: q.efficiency for a, q in plan.quality().items()}
         factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
-        found = estimate_parts(model, train, r, factors, efficiency, facts)
+        key, (chosen, found_estimate), _ = _best(model, r, factors, efficiency, facts, kept)
         ranking.planned += 1
-        best.append(Choice(config, plan, found))
-        best.sort(key=lambda c: _key(c.estimate))
-    ranking.extend(best[:top])
+        best.append((key, Choice(config, plan, found_estimate, chosen)))
+        best.sort(key=lambda c: c[0])
+    ranking.extend(c for _, c in best[:top])
     return ranking
+
+
+def recipe_space(
+    train: TrainSpec, rows: int, wanted: list[dict[str, Any]]
+) -> Iterator[tuple[Any, int, list[int]]]:
+    """The recipes to try for a mesh whose replicas each hold `rows` sequences: per remat and
+    chunk count (the search's order), the micro-batch counts in increasing order (the caller
+    keeps the fewest that fit)."""
+    for fixed in wanted:
+        remats = [fixed["remat"]] if "remat" in fixed else list(REMATS)
+        chunks = [fixed["logits_chunks"]] if "logits_chunks" in fixed else list(LOGITS_CHUNKS)
+        micro = [fixed["microbatches"]] if "microbatches" in fixed else _divisors(rows)
+        for remat in remats:
+            for c in chunks:
+                yield remat, c, [m for m in micro if train.global_batch % m == 0]
+
+
+def _fitting_recipes(
+    model: ModelSpec,
+    train: TrainSpec,
+    wanted: list[dict[str, Any]],
+    r: Roles,
+    facts: DeviceFacts,
+    held: bool,
+    headroom: float,
+) -> tuple[_Priced, int | None]:
+    """The recipes that fit this mesh (each with its memory terms), and the least device
+    memory of those that do not (for the error when none fits). Memory falls as micro-batches
+    grow, so the fewest that fit are found by bisection."""
+    out: _Priced = []
+    least: list[int] = []
+    limit = facts.hbm_bytes * (1 - headroom)
+    host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
+    offloads = facts.host_memory_bytes is not None and facts.host_link_bandwidth is not None
+
+    def fits(t: TrainSpec) -> dict[str, int] | None:
+        try:
+            check_fit(model, t, r)
+        except MeshConfigError:
+            return None
+        if host_bytes(model, t, r, facts.tile) > host_limit:
+            return None
+        terms = memory_terms(model, t, r, facts.tile, batch_across_granules=held)
+        peak = sum(terms[k] for k in phases(terms)[1])
+        if peak > limit:
+            least.append(peak)
+            return None
+        return terms
+
+    seen: set[tuple[Any, int, int]] = set()
+    for remat, c, micro in recipe_space(train, train.global_batch // r.size("batch"), wanted):
+        if not micro:
+            continue
+        first = replace(train, remat=remat, microbatches=micro[0], logits_chunks=c)
+        if "offload" in first.placements.values() and not offloads:
+            continue  # the catalogue cannot judge an offload on this hardware
+        lo, hi, found = 0, len(micro) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            t = first if mid == 0 else replace(first, microbatches=micro[mid])
+            terms = fits(t)
+            if terms is None:
+                lo = mid + 1
+            else:
+                found, hi = (t, terms), mid - 1
+        if found is not None and (remat_key := (first.remat, c, found[0].microbatches)) not in seen:
+            seen.add(remat_key)
+            out.append(found)
+    return out, min(least, default=None)
+
+
+def _best(
+    model: ModelSpec,
+    r: Roles,
+    factors: dict[str, tuple[int, int]],
+    efficiency: dict[str, float],
+    facts: DeviceFacts,
+    recipes: _Priced,
+) -> tuple[tuple[Any, ...], tuple[TrainSpec, Estimate], _Priced]:
+    """The fastest of the recipes on this mesh: its key, (recipe, estimate), and the recipes."""
+    scored = []
+    for k, (t, terms) in enumerate(recipes):
+        e = estimate_parts(model, t, r, factors, efficiency, facts, terms=terms)
+        scored.append(((*_key(e), k, tuple(s for _, s in r.sizes)), (t, e)))
+    key, chosen = min(scored, key=lambda c: c[0])
+    return key, chosen, recipes
 
 
 def auto_preset(
@@ -157,7 +270,8 @@ def auto_preset(
     global_batch: int | None = None,
     **train: Any,
 ) -> MeshConfig:
-    """`MeshConfig.from_preset("auto", ...)`: the winner of `choose_mesh`."""
+    """`MeshConfig.from_preset("auto", ...)`: the winner of `choose_mesh` (its mesh; recipe
+    fields given here narrow the search as `recipes=` does)."""
     axes = train.pop("axes", AXES)
     if hardware is None or model is None or global_batch is None:
         raise MeshConfigError(
@@ -172,14 +286,42 @@ def auto_preset(
             f"preset 'auto': unknown option {unknown[0]}={train[unknown[0]]!r}; accepted: "
             f"hardware, model, global_batch, axes, {', '.join(options)}"
         )
-    best = choose_mesh(hardware, model, TrainSpec(global_batch=global_batch, **train), axes=axes)
-    return best[0].config
+    fixed = {k: train[k] for k in RECIPE_FIELDS if k in train}
+    spec = TrainSpec(global_batch=global_batch, **train)
+    return choose_mesh(hardware, model, spec, axes=axes, recipes=[fixed])[0].config
 
 
 def _key(e: Estimate) -> tuple[float, float, int]:
-    """Fastest first; among equals, the one that communicates least, then the smallest. With
-    perfect rings each part is a lower bound of the planned one, so the key is one too."""
+    """Fastest first; among equals, the one that communicates least, then the smallest (the
+    caller adds the recipe's place in the search and the mesh). With perfect rings each part is
+    a lower bound of the planned one, so the key is one too."""
     return (e.step_seconds, sum(a.seconds for a in e.axes.values()), e.memory_bytes)
+
+
+def _check_recipes(
+    recipes: Iterable[Mapping[str, Any]] | None, train: TrainSpec
+) -> list[dict[str, Any]]:
+    """`recipes` as a list of dicts of recipe fields, each checked by building its TrainSpec."""
+    if recipes is None:
+        return [{}]
+    accepted = (
+        f"accepted: an iterable of mappings from {', '.join(RECIPE_FIELDS)} to values, e.g. "
+        "[{'remat': 'offload', 'microbatches': 2}]"
+    )
+    if isinstance(recipes, str | bytes | Mapping) or not isinstance(recipes, Iterable):
+        raise MeshConfigError(f"recipes={recipes!r}; {accepted}")
+    out = []
+    for item in recipes:
+        if not isinstance(item, Mapping):
+            raise MeshConfigError(f"recipes: {item!r} is no mapping; {accepted}")
+        unknown = sorted(set(item) - set(RECIPE_FIELDS))
+        if unknown:
+            raise MeshConfigError(f"recipes: unknown field {unknown[0]!r}; {accepted}")
+        replace(train, **item)  # each value checked as TrainSpec checks it
+        out.append(dict(item))
+    if not out:
+        raise MeshConfigError(f"recipes=[] holds no recipe; {accepted}")
+    return out
 
 
 def _check_axes(axes: Sequence[str], top: int) -> tuple[str, ...]:

@@ -58,6 +58,7 @@ class Shapes:
         )
 
 
+@lru_cache(maxsize=65536)
 def stored(
     shape: tuple[int, ...], nbytes: int, tile: tuple[int, int] | None, *, minor: int | None = None
 ) -> int:
