@@ -20,6 +20,10 @@ from .solver.hybrid import Layout, granule_sizes, layout_devices
 if TYPE_CHECKING:
     import jax
 
+    from .export.axlearn import AXLearnConfig
+    from .export.maxtext import MaxTextConfig
+    from .workload.spec import ModelSpec, TrainSpec
+
 
 @dataclass(frozen=True, eq=False)
 class MeshPlan:
@@ -105,6 +109,28 @@ class MeshPlan:
             "batch_axis_names": list(self.batch_axis_names),
             "quality": {name: q.to_dict() for name, q in self._quality.items()},
         }
+
+    def to_maxtext(
+        self, train: TrainSpec, *, model: ModelSpec | None = None, order: bool = True
+    ) -> MaxTextConfig:
+        """MaxText's config keys for this plan and `train`'s recipe (and `model`'s shape), with
+        what does not travel; `order` also judges MaxText's own device order (imports jax)."""
+        from .export.maxtext import to_maxtext  # a facade: the export lives in export/
+
+        return to_maxtext(self, train, model=model, order=order)
+
+    def to_axlearn(self, *, order: bool = True) -> AXLearnConfig:
+        """AXLearn's mesh_shape and mesh_rules entry for this plan, as Python text and values."""
+        from .export.axlearn import to_axlearn  # a facade: the export lives in export/
+
+        return to_axlearn(self, order=order)
+
+    def to_flax_rules(self) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+        """Flax logical axis rules (batch, length, embed, heads, kv_heads, kv, mlp, vocab) onto
+        this plan's axes, for `flax.linen.logical_axis_rules` with this plan's own Mesh."""
+        from .export.flax_rules import to_flax_rules  # a facade: the export lives in export/
+
+        return to_flax_rules(self)
 
     def describe(self) -> str:
         """The plan as text: what `loadax-mesh plan` prints."""

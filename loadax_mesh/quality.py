@@ -93,3 +93,25 @@ def ring_cost(
     dims = np.asarray(torus.chip_shape)
     delta = np.where(np.asarray(torus.wrap), np.minimum(delta, dims - delta), delta)
     return steps, int(delta.sum())
+
+
+def order_quality(
+    layout: Layout,
+    ids: np.ndarray,
+    coords: np.ndarray | None,
+    devices: np.ndarray,
+    axis_names: tuple[str, ...],
+    dcn_mesh_shape: tuple[int, ...],
+) -> dict[str, AxisQuality]:
+    """The quality of another order of the same devices (for example jax's `mesh_utils`),
+    judged on `layout`'s granules and torus: `devices` is mesh-shaped and holds the devices
+    whose ids are `ids` (one per table row)."""
+    row = {int(i): r for r, i in enumerate(ids)}
+    index = np.array([row[int(d.id)] for d in devices.flat], dtype=np.int64)
+    other = Layout(
+        index=index.reshape(devices.shape),
+        granule=layout.granule,
+        num_granules=layout.num_granules,
+        torus=layout.torus,
+    )
+    return axis_quality(other, coords, axis_names, dcn_mesh_shape)

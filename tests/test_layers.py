@@ -34,6 +34,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 FACADES = {
     ("config", "cost.choose"): "MeshConfig.from_preset('auto') is choose_mesh's winner",
     ("plan", "view.report"): "MeshPlan.describe() is the text report",
+    ("plan", "export.maxtext"): "MeshPlan.to_maxtext(train) is MaxText's config keys",
+    ("plan", "export.axlearn"): "MeshPlan.to_axlearn() is AXLearn's mesh_shape and mesh_rules",
+    ("plan", "export.flax_rules"): "MeshPlan.to_flax_rules() is Flax's logical axis rules",
+    ("plan", "workload.spec"): "MeshPlan.to_maxtext(train) takes a TrainSpec (type-only import)",
 }
 
 

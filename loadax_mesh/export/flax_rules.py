@@ -1,0 +1,47 @@
+"""The plan as Flax logical axis rules (`flax.linen.logical_axis_rules`, `nnx` sharding
+metadata): the logical axes of the reference step (DESIGN.md section 7) mapped onto the plan's
+own mesh axes, to use with the plan's own `Mesh`, so the ring order is kept.
+
+`batch` -> the batch axes; `length` -> the sequence axis; `embed` (the d_model dim of weights)
+-> the fsdp axis; `heads`, `kv_heads`, `mlp`, `vocab` -> the tensor-parallel axis; `kv` (the
+per-head dim) is never sharded. A role the plan lacks (or of size 1) maps to None.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import MeshConfigError
+from ..workload.layout import ROLE_NAMES, roles
+
+if TYPE_CHECKING:
+    from ..plan import MeshPlan
+
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "kv", "mlp", "vocab")
+Rule = tuple[str, str | tuple[str, ...] | None]
+
+
+def to_flax_rules(plan: MeshPlan) -> tuple[Rule, ...]:
+    """(logical axis, mesh axis or axes or None) pairs, one per LOGICAL_AXES entry."""
+    shape = plan.shape
+    known = {n for names in ROLE_NAMES.values() for n in names}
+    for name, size in shape.items():
+        if size > 1 and name not in known and name not in plan.batch_axis_names:
+            raise MeshConfigError(
+                f"to_flax_rules: mesh axis {name!r} (size {size}) shards no logical axis; "
+                f"accepted: batch axes or axes named {', '.join(sorted(known))}"
+            )
+    r = roles(tuple(shape.items()), plan.batch_axis_names)
+    batch = tuple(a for a in r.batch if shape[a] > 1)
+    model = r.model if r.model is not None and shape[r.model] > 1 else None
+    table: dict[str, str | tuple[str, ...] | None] = {
+        "batch": batch[0] if len(batch) == 1 else (batch or None),
+        "length": r.seq if r.seq is not None and shape[r.seq] > 1 else None,
+        "embed": r.fsdp if r.fsdp is not None and shape[r.fsdp] > 1 else None,
+        "heads": model,
+        "kv_heads": model,
+        "kv": None,
+        "mlp": model,
+        "vocab": model,
+    }
+    return tuple((name, table[name]) for name in LOGICAL_AXES)

@@ -1,0 +1,240 @@
+"""The plan and recipe as MaxText config keys (its `base.yml`), in the `key=value` form its
+command line takes (`python -m maxtext.trainers.pre_train.train src/maxtext/configs/base.yml
+key=value ...`).
+
+Facts from MaxText (commit e591f30, src/maxtext/configs/base.yml, configs/types.py,
+layers/decoders.py): mesh degrees are `ici_<axis>_parallelism` and `dcn_<axis>_parallelism`;
+`per_device_batch_size` is per micro-batch (global batch = per_device_batch_size x devices x
+gradient_accumulation_steps) and may be a fraction; `remat_policy=custom` places each named
+tensor of a decoder layer with `remat`, `device` or `offload`; `num_vocab_tiling` computes the
+loss in chunks; MaxText builds its mesh with jax's `mesh_utils`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import MeshConfigError
+from ..workload.layout import ROLE_NAMES, implementation, roles
+from .order import OrderComparison, compare_order
+
+if TYPE_CHECKING:
+    from ..plan import MeshPlan
+    from ..workload.spec import ModelSpec, TrainSpec
+
+# MaxText's default mesh_axes (base.yml), in its order; the plan's roles map onto four of them.
+MESH_AXES = (
+    "diloco",
+    "data",
+    "stage",
+    "fsdp",
+    "fsdp_transpose",
+    "context",
+    "context_usp_ulysses",
+    "context_autoregressive",
+    "tensor",
+    "tensor_sequence",
+    "expert",
+    "autoregressive",
+)
+# Our role -> MaxText's axis and the word its ici_/dcn_ keys use.
+_ROLE_AXIS = {"data": "data", "fsdp": "fsdp", "model": "tensor", "seq": "context"}
+# Our named tensors -> MaxText's `custom` remat keys (checkpoint_name in its llama2 decoder
+# layer, attentions.py and linears.py); mlp_in is both SwiGLU inputs, wi_0 and wi_1.
+REMAT_KEYS = {
+    "layer_input": ("decoder_layer_input",),
+    "query": ("query_proj",),
+    "key": ("key_proj",),
+    "value": ("value_proj",),
+    "attention_out": ("attention_out",),
+    "out_proj": ("out_proj",),
+    "mlp_in": ("mlpwi_0", "mlpwi_1"),
+    "mlp_out": ("mlpwo",),
+}
+_PLACEMENT = {"recompute": "remat", "device": "device", "offload": "offload"}
+# Our models that MaxText ships under the same name (src/maxtext/configs/models/*.yml).
+MODELS = ("llama2-7b", "llama3-8b", "llama3-70b", "llama3-405b")
+
+
+@dataclass(frozen=True)
+class MaxTextConfig:
+    """MaxText config keys for a plan and recipe, with what does not travel."""
+
+    keys: dict[str, str]
+    notes: tuple[str, ...]
+    order: OrderComparison | None = field(default=None, compare=False)
+
+    def args(self) -> list[str]:
+        """The keys as MaxText's command line takes them: `key=value`."""
+        return [f"{k}={v}" for k, v in self.keys.items()]
+
+    def text(self) -> str:
+        """Comments saying what does not travel, then one `key=value` per line."""
+        lines = [f"# {n}" for n in self.notes]
+        if self.order is not None:
+            lines += [f"# {line}" for line in self.order.lines("MaxText")]
+        return "\n".join([*lines, *self.args()])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "keys": dict(self.keys),
+            "args": self.args(),
+            "notes": list(self.notes),
+            "order": None if self.order is None else self.order.to_dict(),
+        }
+
+
+def _axis_map(plan: MeshPlan) -> dict[str, str]:
+    """Plan axis (size > 1) -> MaxText axis; a plan MaxText cannot express is refused."""
+    shape = plan.shape
+    known = {n for names in ROLE_NAMES.values() for n in names}
+    for name, size in shape.items():
+        if size > 1 and name not in known and name not in plan.batch_axis_names:
+            raise MeshConfigError(
+                f"to_maxtext: mesh axis {name!r} (size {size}) has no MaxText name; accepted: "
+                f"batch axes (-> data, fsdp) or axes named {', '.join(sorted(known))} "
+                "(-> fsdp, tensor, context)"
+            )
+    r = roles(tuple(shape.items()), plan.batch_axis_names)
+    out: dict[str, str] = {}
+    for role in ("fsdp", "model", "seq"):
+        axis = getattr(r, role)
+        if axis is not None and shape[axis] > 1:
+            out[axis] = _ROLE_AXIS[role]
+    data = [a for a in r.data_parallel_axes() if a not in out]
+    if len(data) > 1:
+        raise MeshConfigError(
+            f"to_maxtext: batch axes {data} would all be MaxText's one data axis; accepted: one "
+            "batch axis besides the fsdp axis"
+        )
+    out.update({a: "data" for a in data})
+    for axis, their in out.items():
+        batch = axis in plan.batch_axis_names
+        if their in ("tensor", "context") and batch:
+            raise MeshConfigError(
+                f"to_maxtext: mesh axis {axis!r} is a batch axis, but MaxText's {their} axis does "
+                "not split the batch; accepted: batch axes that are data or fsdp axes"
+            )
+        if their == "fsdp" and not batch:
+            raise MeshConfigError(
+                f"to_maxtext: the fsdp axis {axis!r} is no batch axis, but MaxText always splits "
+                "the batch over fsdp; accepted: a plan whose batch axes include it"
+            )
+    return out
+
+
+def _batch(plan: MeshPlan, train: TrainSpec) -> str:
+    """per_device_batch_size: rows per device per micro-batch (a fraction where < 1)."""
+    n = plan.devices.size
+    per_micro = train.global_batch // train.microbatches
+    if per_micro % plan.data_parallel_size:
+        raise MeshConfigError(
+            f"to_maxtext: a micro-batch of {per_micro} rows (global_batch={train.global_batch}, "
+            f"microbatches={train.microbatches}) does not divide over the batch axes' "
+            f"{plan.data_parallel_size} shards; accepted: micro-batches of a multiple of "
+            f"{plan.data_parallel_size} rows"
+        )
+    value = per_micro / n  # MaxText takes int(devices x per_device_batch_size) back
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+def _remat(train: TrainSpec) -> dict[str, str]:
+    if train.remat == "full":
+        return {"remat_policy": "full"}
+    keys = {"remat_policy": "custom"}
+    for tensor, placement in train.placements.items():
+        for key in REMAT_KEYS[tensor]:
+            keys[key] = _PLACEMENT[placement]
+    return keys
+
+
+def _model(model: ModelSpec) -> dict[str, str]:
+    keys = {"max_target_length": str(model.seq_len)}
+    if model.name in MODELS:
+        return {"model_name": model.name, **keys}
+    return {
+        "base_num_decoder_layers": str(model.num_layers),
+        "base_emb_dim": str(model.d_model),
+        "base_mlp_dim": str(model.d_ff),
+        "base_num_query_heads": str(model.num_heads),
+        "base_num_kv_heads": str(model.num_kv_heads),
+        "head_dim": str(model.head_dim),
+        "vocab_size": str(model.vocab_size),
+        "logits_via_embedding": str(model.tied_embeddings).lower(),
+        "enable_dropout": "false",
+        **keys,
+    }
+
+
+def to_maxtext(
+    plan: MeshPlan, train: TrainSpec, *, model: ModelSpec | None = None, order: bool = True
+) -> MaxTextConfig:
+    """The MaxText keys for `plan` and `train` (and `model`'s shape, when given); `order`
+    compares MaxText's device order (jax's mesh_utils, which imports jax) with the plan's."""
+    if train.opt_state_dtype != train.param_dtype:
+        raise MeshConfigError(
+            f"to_maxtext: opt_state_dtype={train.opt_state_dtype!r} with param_dtype="
+            f"{train.param_dtype!r}: MaxText keeps Adam's second moment in weight_dtype (only "
+            "mu_dtype is a key); accepted: opt_state_dtype equal to param_dtype"
+        )
+    axes = _axis_map(plan)
+    keys: dict[str, str] = {}
+    for level, sizes in (("ici", plan.ici_mesh_shape), ("dcn", plan.dcn_mesh_shape)):
+        degree = dict.fromkeys(("data", "fsdp", "tensor", "context"), 1)
+        for name, size in zip(plan.axis_names, sizes, strict=True):
+            if name in axes:
+                degree[axes[name]] = size
+        keys.update({f"{level}_{a}_parallelism": str(d) for a, d in degree.items()})
+    platform = str(plan.table.platform)
+    attention = implementation(train.attention, platform)
+    keys.update(
+        {
+            "per_device_batch_size": _batch(plan, train),
+            "gradient_accumulation_steps": str(train.microbatches),
+            "num_vocab_tiling": str(train.logits_chunks),
+            "weight_dtype": train.param_dtype,
+            "dtype": train.compute_dtype,
+            "attention": {"splash": "flash", "cudnn": "cudnn_flash_te"}.get(
+                attention, "dot_product"
+            ),
+            **_remat(train),
+            **({} if model is None else _model(model)),
+        }
+    )
+    notes = [
+        f"MaxText config for {plan.hardware}: mesh "
+        + ", ".join(f"{a} -> {t}" for a, t in axes.items())
+        + (" (all size 1)" if not axes else ""),
+        "lost: the device order; MaxText builds its mesh with jax's mesh_utils over its own "
+        "axis order (ring quality below)",
+    ]
+    if "context" in axes.values():
+        notes.append(
+            "approximate: MaxText's context axis also shards the weights' embed dim (FSDP-like), "
+            "which the reference step's sequence axis does not"
+        )
+    if train.remat in ("dots", "none"):
+        notes.append(
+            f"approximate: remat {train.remat!r} as custom keys; MaxText recomputes the "
+            "intermediates it does not name (norms, activations)"
+        )
+    notes.append(
+        "approximate: MaxText trains with AdamW (weight decay 0.1, gradient clipping 1.0); "
+        "memory is the same"
+    )
+    comparison = None
+    if order:
+        comparison = compare_order(
+            plan,
+            {a: MESH_AXES.index(t) for a, t in axes.items()},
+            len(MESH_AXES),
+            process_is_granule=plan.granule_kind == "process",
+        )
+        if comparison.split and comparison.theirs is not None:
+            keys["allow_split_physical_axes"] = "true"
+            notes.append(
+                "allow_split_physical_axes=true: mesh_utils refuses these degrees on whole "
+                "physical axes"
+            )
+    return MaxTextConfig(keys=keys, notes=tuple(notes), order=comparison)

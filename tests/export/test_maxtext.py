@@ -1,0 +1,120 @@
+"""MaxText config keys from a plan and recipe, and the plans MaxText cannot express."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadax_mesh import MeshConfig, simulate_devices
+from loadax_mesh.errors import MeshConfigError
+from loadax_mesh.plan import MeshPlan
+from loadax_mesh.workload import ModelSpec, TrainSpec
+
+
+def _plan(strategy: str, hardware: str) -> MeshPlan:
+    return MeshConfig.from_preset(strategy).plan(simulate_devices(hardware), selector=hardware)
+
+
+def test_multislice_fsdp_tp_keys_name_each_degree_on_its_network() -> None:
+    plan = _plan("fsdp_tp", "tpu-v5litepod-256-2")  # ICI (1, 64, 4), DCN (2, 1, 1)
+    keys = plan.to_maxtext(TrainSpec(global_batch=1024), order=False).keys
+    assert {k: keys[k] for k in keys if k.endswith("_parallelism")} == {
+        "ici_data_parallelism": "1",
+        "ici_fsdp_parallelism": "64",
+        "ici_tensor_parallelism": "4",
+        "ici_context_parallelism": "1",
+        "dcn_data_parallelism": "2",
+        "dcn_fsdp_parallelism": "1",
+        "dcn_tensor_parallelism": "1",
+        "dcn_context_parallelism": "1",
+    }
+    assert keys["per_device_batch_size"] == "2"  # 1024 rows over 512 chips
+    assert keys["remat_policy"] == "full" and keys["weight_dtype"] == "float32"
+    assert keys["attention"] == "flash"
+
+
+def test_the_recipe_becomes_custom_remat_accumulation_and_vocab_tiling() -> None:
+    plan = _plan("fsdp_tp", "tpu-v5p-128")  # 64 chips: fsdp 16 x model 4
+    train = TrainSpec(
+        global_batch=64,
+        remat={"layer_input": "offload", "query": "device", "mlp_in": "offload"},
+        microbatches=4,
+        logits_chunks=8,
+        param_dtype="bfloat16",
+        opt_state_dtype="bfloat16",
+    )
+    config = plan.to_maxtext(train, model=ModelSpec.from_name("llama3-8b"), order=False)
+    keys = config.keys
+    # per micro-batch: 64 rows / 4 micro-batches / 64 devices (each fsdp shard holds one row)
+    assert keys["per_device_batch_size"] == "0.25"
+    assert keys["gradient_accumulation_steps"] == "4" and keys["num_vocab_tiling"] == "8"
+    assert keys["remat_policy"] == "custom"
+    assert keys["decoder_layer_input"] == "offload" and keys["query_proj"] == "device"
+    assert keys["mlpwi_0"] == keys["mlpwi_1"] == "offload" and keys["mlpwo"] == "remat"
+    assert keys["key_proj"] == keys["attention_out"] == keys["out_proj"] == "remat"
+    assert keys["weight_dtype"] == "bfloat16"
+    assert keys["model_name"] == "llama3-8b" and keys["max_target_length"] == "8192"
+    assert "per_device_batch_size=0.25" in config.args()
+    assert config.text().splitlines()[-1] == "max_target_length=8192"
+
+
+def test_a_model_maxtext_does_not_ship_is_written_as_its_shape() -> None:
+    keys = (
+        _plan("fsdp", "tpu-v5litepod-8")
+        .to_maxtext(TrainSpec(global_batch=8), model=ModelSpec.from_name("tiny"), order=False)
+        .keys
+    )
+    assert "model_name" not in keys
+    assert (keys["base_emb_dim"], keys["base_num_kv_heads"], keys["head_dim"]) == ("128", "4", "16")
+
+
+def test_sequence_parallel_is_maxtext_context_and_is_said_to_be_approximate() -> None:
+    config = _plan("dp_sp", "tpu-v5litepod-8").to_maxtext(TrainSpec(global_batch=4), order=False)
+    assert config.keys["ici_context_parallelism"] == "4"
+    assert config.keys["ici_data_parallelism"] == "2"
+    assert config.keys["per_device_batch_size"] == "0.5"
+    assert any("context axis also shards" in n for n in config.notes)
+
+
+def test_maxtext_order_is_judged_beside_ours_and_split_axes_are_asked_for() -> None:
+    plan = _plan("fsdp_tp", "tpu-v5litepod-256-2")
+    config = plan.to_maxtext(TrainSpec(global_batch=512))
+    order = config.order
+    assert order is not None and order.theirs is not None
+    # jax's mesh_utils cannot put model=4 on whole axes of a 16x16 slice: MaxText must split
+    assert order.split and config.keys["allow_split_physical_axes"] == "true"
+    assert set(order.theirs) == set(plan.axis_names)
+    assert order.ours["model"].efficiency == 1.0 and order.theirs["model"].efficiency < 1.0
+    text = config.text()
+    assert "axis model (4): ring efficiency ours 1.00, MaxText's mesh_utils 0.67" in text
+    # one slice of v5p: mesh_utils runs fsdp=64 row-major over the 4x4x4 torus, no closed ring
+    fsdp = _plan("fsdp", "tpu-v5p-128").to_maxtext(TrainSpec(global_batch=64)).order
+    assert fsdp is not None and fsdp.theirs is not None
+    assert fsdp.ours["fsdp"].efficiency == 1.0 > fsdp.theirs["fsdp"].efficiency
+
+
+def test_an_axis_maxtext_has_no_name_for_is_refused() -> None:
+    plan = MeshConfig((2, 4), ("data", "expert"), "data").plan(simulate_devices("cpu-8"))
+    with pytest.raises(MeshConfigError, match=r"mesh axis 'expert' .size 4. has no MaxText name"):
+        plan.to_maxtext(TrainSpec(global_batch=8))
+
+
+def test_a_recipe_field_maxtext_lacks_is_refused() -> None:
+    plan = _plan("fsdp", "tpu-v5litepod-8")
+    with pytest.raises(MeshConfigError, match=r"opt_state_dtype='bfloat16'.*mu_dtype"):
+        plan.to_maxtext(TrainSpec(global_batch=8, opt_state_dtype="bfloat16"), order=False)
+
+
+def test_plans_maxtext_reads_otherwise_are_refused() -> None:
+    devices = simulate_devices("cpu-8")
+    two_data = MeshConfig((2, 4), ("data", "replicate"), ("data", "replicate")).plan(devices)
+    with pytest.raises(MeshConfigError, match=r"one data axis"):
+        two_data.to_maxtext(TrainSpec(global_batch=8), order=False)
+    tensor_batch = MeshConfig((2, 4), ("data", "model"), ("data", "model")).plan(devices)
+    with pytest.raises(MeshConfigError, match=r"'model' is a batch axis.*tensor axis"):
+        tensor_batch.to_maxtext(TrainSpec(global_batch=8), order=False)
+    fsdp_not_batch = MeshConfig((2, 4), ("data", "fsdp"), "data").plan(devices)
+    with pytest.raises(MeshConfigError, match=r"always splits the batch over fsdp"):
+        fsdp_not_batch.to_maxtext(TrainSpec(global_batch=8), order=False)
+    fsdp = MeshConfig((8,), ("fsdp",), "fsdp").plan(devices)
+    with pytest.raises(MeshConfigError, match=r"micro-batch of 4 rows .* 8 shards"):
+        fsdp.to_maxtext(TrainSpec(global_batch=8, microbatches=2), order=False)
