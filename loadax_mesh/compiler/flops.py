@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from functools import cache
 from typing import Any
 
-from .hlo import ARRAY, HloText, Instruction, closing
+from .hlo import HloText, Instruction, braced, call_target, operand_dims
 
 CUDNN_ATTENTION = "__cudnn$fmha"  # the prefix of XLA's cuDNN fused-attention targets
 
@@ -55,7 +54,7 @@ def step_flops(compiled: Any, hlo: HloText) -> float | None:
         return None
     for name, body in hlo.computations.items():
         for i in body:
-            if i.opcode == "custom-call" and _target(i).startswith(CUDNN_ATTENTION):
+            if i.opcode == "custom-call" and call_target(i).startswith(CUDNN_ATTENTION):
                 counted = attention_flops(i)
                 if counted is None:
                     return None
@@ -76,7 +75,7 @@ def attention_flops(call: Instruction) -> int | None:
     None for masks that depend on data (padding), sliding windows, or an unreadable call."""
     config = _backend_config(call).get("cudnn_fmha_backend_config", {})
     scores = [int(d) for d in config.get("intermediate_tensor_shape", {}).get("dimensions", [])]
-    arrays = _operand_sizes(call)
+    arrays = [math.prod(dims) for dims in operand_dims(call)]
     if len(scores) != 4 or len(arrays) < 3 or int(config.get("sliding_window_length", 0)):
         return None
     b, h, sq, skv = scores
@@ -93,37 +92,16 @@ def attention_flops(call: Instruction) -> int | None:
         pairs = sq * (sq + 1) // 2 if sq <= skv else skv * (skv + 1) // 2 + (sq - skv) * skv
     else:
         return None
-    per_pair = 2 * (3 * dqk + 2 * dv) if "Backward" in _target(call) else 2 * (dqk + dv)
+    per_pair = 2 * (3 * dqk + 2 * dv) if "Backward" in call_target(call) else 2 * (dqk + dv)
     return b * h * pairs * per_pair
-
-
-def _target(call: Instruction) -> str:
-    match = re.search(r'custom_call_target="([^"]*)"', call.attributes)
-    return match[1] if match else ""
-
-
-def _braced(text: str, key: str) -> str:
-    """The `{...}` that follows `key` in an attribute list ("" if absent)."""
-    start = text.find(key)
-    if start < 0:
-        return ""
-    start += len(key)
-    return text[start : closing(text, start) + 1]
 
 
 def _backend_config(call: Instruction) -> dict[str, Any]:
     try:
-        data = json.loads(_braced(call.attributes, "backend_config="))
+        data = json.loads(braced(call.attributes, "backend_config="))
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _operand_sizes(call: Instruction) -> list[int]:
-    """Element counts of the operands, from `operand_layout_constraints` (the optimised
-    module's text names operands without their shapes)."""
-    text = _braced(call.attributes, "operand_layout_constraints=")
-    return [math.prod(int(d) for d in dims.split(",") if d) for _, dims in ARRAY.findall(text)]
 
 
 def _rooted(text: str, computation: str, entry: str) -> str:

@@ -97,6 +97,28 @@ def closing(text: str, start: int) -> int:
     return len(text) - 1
 
 
+def braced(text: str, key: str) -> str:
+    """The `{...}` that follows `key` in an attribute list ("" if absent)."""
+    start = text.find(key)
+    if start < 0:
+        return ""
+    start += len(key)
+    return text[start : closing(text, start) + 1]
+
+
+def call_target(call: Instruction) -> str:
+    """A custom call's `custom_call_target`."""
+    match = re.search(r'custom_call_target="([^"]*)"', call.attributes)
+    return match[1] if match else ""
+
+
+def operand_dims(call: Instruction) -> list[tuple[int, ...]]:
+    """A custom call's operands' dims, from `operand_layout_constraints` (the optimised
+    module's text names operands without their shapes)."""
+    text = braced(call.attributes, "operand_layout_constraints=")
+    return [tuple(int(d) for d in dims.split(",") if d) for _, dims in ARRAY.findall(text)]
+
+
 class HloText:
     """A parsed HLO module text."""
 

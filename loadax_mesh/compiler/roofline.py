@@ -1,0 +1,237 @@
+"""The compiled program's own lower bound on its run time: a roofline per operation.
+
+For every operation a step runs (the entry and the bodies of its loops, each loop trip
+counted), max(FLOPs / peak, bytes / HBM bandwidth), summed. FLOPs and bytes of each operation
+come from XLA's HLO cost analysis: every operation is wrapped alone in a module of its own (its
+operands as parameters, a fusion with its fused computation) and analysed there, so a fusion's
+bytes are what XLA counts for it (a dynamic slice of a stacked weight reads the slice, not the
+stack). XLA gives kernels no cost (a custom call adds -1: libtpu's `optimal_seconds` goes
+negative on the splash kernels, shared/facts/production_runs.md), so they are counted here from
+their shapes: jax's splash-attention kernels on TPU and cuDNN's fused attention on GPU.
+
+Collectives, host transfers and control flow are not operations of the chip's cores: they add
+nothing here (the cost model prices them). Pure text work plus XLA's analysis on the CPU client.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .flops import CUDNN_ATTENTION, attention_flops
+from .hlo import (
+    COLLECTIVES,
+    HloText,
+    Instruction,
+    call_target,
+    closing,
+    operand_dims,
+    shape_bytes,
+)
+
+# Operations that move no data through the cores, or whose cost lives elsewhere: bookkeeping,
+# control flow (the bodies they run are counted themselves), collectives and host transfers.
+_FREE = {
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional",
+    "call", "after-all", "partition-id", "replica-id", "opt-barrier", "send", "send-done",
+    "recv", "recv-done", "copy-start", "copy-done", "async-start", "async-update", "async-done",
+    "add-dependency", "domain", "infeed", "outfeed", "rng-get-and-update-state",
+}  # fmt: skip
+
+# jax's splash kernels (the instruction takes the kernel's name) and the matmul FLOPs each does
+# per query-key pair, in units of head_dim: the forward S = QK^T and O = PV; the dq kernel
+# recomputes S, then dP = dO V^T and dQ = dS K; the dkv kernel recomputes S, then dP, dV = P^T dO
+# and dK = dS^T Q.
+_SPLASH = re.compile(r"^splash_mha_(fwd|dq|dkv)")
+_SPLASH_PER_PAIR = {"fwd": 4, "dq": 6, "dkv": 8}
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A step's roofline: seconds in all, and the parts that bound them."""
+
+    seconds: float  # sum over operations of max(flops / peak, bytes / bandwidth)
+    flops: float  # every operation's FLOPs, kernels included
+    bytes: float  # every operation's HBM bytes
+    compute_seconds: float  # of `seconds`, operations bound by FLOPs
+    memory_seconds: float  # of `seconds`, operations bound by HBM bandwidth
+    kernel_seconds: float  # of `seconds`, the attention kernels counted from their shapes
+
+
+def roofline(text: str, *, peak_flops: float, hbm_bandwidth: float) -> Roofline | None:
+    """The roofline of an optimised HLO module's text on a device with `peak_flops` (FLOP/s)
+    and `hbm_bandwidth` (bytes/s). None where this jaxlib offers no cost analysis, or an
+    operation could not be analysed or a kernel not counted (no figure rather than a low one)."""
+    try:
+        import jax
+        from jax._src.lib import _jax
+        from jaxlib._hlo import hlo_module_from_text
+
+        client = jax.devices("cpu")[0].client
+    except (ImportError, RuntimeError):
+        return None
+    clean = _normalised(text)
+    hlo = HloText(clean)
+    blocks = _blocks(clean)
+    seen: dict[str, tuple[float, float]] = {}
+
+    def analysed(i: Instruction) -> tuple[float, float]:
+        module = _wrapped(i, hlo, blocks)
+        if module not in seen:
+            cost = _jax.hlo_module_cost_analysis(client, hlo_module_from_text(module))
+            seen[module] = (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)))
+        return seen[module]
+
+    total = flops = size = compute = memory = kernels = 0.0
+    for name, times in _scheduled(hlo).items():
+        for i in hlo.computations[name]:
+            if i.opcode in _FREE or _collective(i.opcode):
+                continue
+            if i.opcode == "custom-call":
+                counted = _kernel(i, hlo)
+                if counted is None:
+                    return None
+                f, b = counted
+            else:
+                try:
+                    f, b = analysed(i)
+                except (RuntimeError, ValueError):
+                    return None
+            seconds = max(f / peak_flops, b / hbm_bandwidth)
+            total += times * seconds
+            flops += times * f
+            size += times * b
+            if i.opcode == "custom-call":
+                kernels += times * seconds
+            elif f / peak_flops >= b / hbm_bandwidth:
+                compute += times * seconds
+            else:
+                memory += times * seconds
+    return Roofline(total, flops, size, compute, memory, kernels)
+
+
+def _collective(opcode: str) -> bool:
+    return opcode.removesuffix("-start").removesuffix("-done") in COLLECTIVES
+
+
+def _scheduled(hlo: HloText) -> dict[str, int]:
+    """The computations whose operations the device runs one by one (the entry, loop bodies
+    and conditions, conditional branches, called computations), each with how many times a step
+    runs it; fused computations and reducers belong to the operation that calls them."""
+    out: dict[str, int] = {}
+
+    def visit(name: str, times: int) -> None:
+        out[name] = out.get(name, 0) + times
+        for i in hlo.computations.get(name, []):
+            if i.opcode == "while":
+                trips = hlo.trip_count(i) or 1
+                for how, callee in i.called():
+                    visit(callee, times * (trips if how == "body" else trips + 1))
+            elif i.opcode in ("conditional", "call"):
+                for _, callee in i.called():
+                    visit(callee, times)
+
+    visit(hlo.entry, 1)
+    return out
+
+
+def _kernel(call: Instruction, hlo: HloText) -> tuple[float, float] | None:
+    """(FLOPs, bytes) of a custom call: the attention kernels from their shapes (bytes: their
+    operands and results), other calls (buffer bookkeeping, index hints) nothing. None for a
+    TPU kernel that is not one of jax's splash kernels: no way to count it here."""
+    target = call_target(call)
+    moved = _bytes_of(call, hlo)
+    if target.startswith(CUDNN_ATTENTION):
+        counted = attention_flops(call)
+        return None if counted is None else (float(counted), float(moved))
+    if target != "tpu_custom_call":
+        return 0.0, 0.0
+    kind = _SPLASH.match(call.name)
+    shapes = operand_dims(call)
+    if kind is None or len(shapes) < 5 or len(shapes[2]) != 4:
+        return None
+    q = shapes[2]  # after the two scalar-prefetch operands: q [rows, heads, seq, head_dim]
+    rows, heads, seq, head_dim = q
+    pairs = seq * (seq + 1) // 2  # the reference step's causal mask: query i sees keys 0..i
+    return float(rows * heads * pairs * head_dim * _SPLASH_PER_PAIR[kind[1]]), float(moved)
+
+
+def _bytes_of(call: Instruction, hlo: HloText) -> int:
+    """Bytes a call reads and writes: its operands' and its result's."""
+    names = [o.strip().lstrip("%") for o in call.operands.split(",") if o.strip()]
+    read = sum(shape_bytes(hlo.by_name[n].shape) for n in names if n in hlo.by_name)
+    return read + shape_bytes(call.shape)
+
+
+# -- the text of one operation as a module of its own ---------------------------------------
+
+
+def _normalised(text: str) -> str:
+    """The module text with each instruction on one line and without what the parser of a
+    wrapped operation would trip on or need not read: metadata, operand index comments,
+    control dependencies."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        starts = (
+            not lines
+            or line.startswith(("  %", "  ROOT", "}", "HloModule", "ENTRY", "%"))
+            or re.match(r"^\s*$|^[\w.\-]+ \(|^\s+[\w.\-]+ = ", line)
+        )
+        if starts:
+            lines.append(line)
+        else:
+            lines[-1] += line
+    joined = _drop_braced("\n".join(lines), ", frontend_attributes=")
+    joined = re.sub(r", metadata=\{[^{}]*\}", "", joined)
+    joined = re.sub(r"/\*index=\d+\*/", "", joined)
+    return re.sub(r", control-predecessors=\{[^}]*\}", "", joined)
+
+
+def _drop_braced(text: str, key: str) -> str:
+    """`text` without every `key{...}` (nested braces and quoted JSON included)."""
+    parts: list[str] = []
+    start = 0
+    while (found := text.find(key, start)) >= 0:
+        parts.append(text[start:found])
+        start = closing(text, found + len(key)) + 1
+    return "".join([*parts, text[start:]])
+
+
+def _blocks(text: str) -> dict[str, str]:
+    """Each computation's text, by name (as a non-entry computation)."""
+    found: dict[str, str] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        header = re.match(r"^(ENTRY )?%?([\w.\-]+) \(.*\{$", line)
+        if header:
+            name, lines = header[2], [line.removeprefix("ENTRY ")]
+        elif name is not None:
+            lines.append(line)
+            if line.rstrip() == "}":
+                found[name], name = "\n".join(lines), None
+    return found
+
+
+def _wrapped(i: Instruction, hlo: HloText, blocks: dict[str, str]) -> str:
+    """A module whose entry runs `i` alone on parameters shaped like its operands, with the
+    computations it calls (callees first)."""
+    needed: dict[str, None] = {}
+
+    def need(name: str) -> None:
+        if name in needed:
+            return
+        for j in hlo.computations.get(name, []):
+            for _, callee in j.called():
+                need(callee)
+        needed[name] = None
+
+    for _, callee in i.called():
+        need(callee)
+    names = [o.strip().split(" ")[-1].lstrip("%") for o in i.operands.split(",") if o.strip()]
+    params = [f"  p{k} = {hlo.by_name[n].shape} parameter({k})" for k, n in enumerate(names)]
+    args = ", ".join(f"p{k}" for k in range(len(names)))
+    attributes = f", {i.attributes}" if i.attributes else ""
+    body = [*params, f"  ROOT r = {i.shape} {i.opcode}({args}){attributes}"]
+    parts = ["HloModule wrapped", *(blocks[c] for c in needed), "ENTRY e {", *body, "}"]
+    return "\n".join(parts)

@@ -1,0 +1,56 @@
+"""The compiled program's roofline, per operation, every loop trip counted (libtpu)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from loadax_mesh import topology_devices
+from loadax_mesh.compiler.roofline import roofline
+
+PEAK, HBM = 918e12, 1.638e12  # a v6e chip's bf16 peak and HBM bandwidth (catalogue)
+
+
+def compiled_text(fn, *shapes) -> str:
+    device = topology_devices("tpu-v6e-1")[0]
+    sharding = NamedSharding(Mesh([device], ("x",)), P())
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=sharding) for s in shapes]
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def test_a_large_matmul_is_bound_by_its_flops() -> None:
+    m, k, n = 8192, 4096, 14336
+    r = roofline(compiled_text(jnp.matmul, (m, k), (k, n)), peak_flops=PEAK, hbm_bandwidth=HBM)
+    assert r is not None
+    assert r.flops == pytest.approx(2 * m * k * n, rel=0.01)
+    assert r.seconds == pytest.approx(2 * m * k * n / PEAK, rel=0.01)
+    assert r.compute_seconds == pytest.approx(r.seconds) and r.memory_seconds == 0
+
+
+def test_an_elementwise_op_is_bound_by_its_bytes() -> None:
+    shape = (8192, 14336)
+    text = compiled_text(lambda a, b: jax.nn.silu(a) * b, shape, shape)
+    r = roofline(text, peak_flops=PEAK, hbm_bandwidth=HBM)
+    assert r is not None
+    moved = 3 * 2 * 8192 * 14336  # two bf16 inputs read, one written
+    assert r.bytes == pytest.approx(moved, rel=0.01)
+    assert r.seconds == pytest.approx(moved / HBM, rel=0.01) == r.memory_seconds
+
+
+def test_every_trip_of_a_loop_counts() -> None:
+    def stack(x, w):
+        def layer(h, _):
+            return jnp.tanh(h @ w), None
+
+        return jax.lax.scan(layer, x, None, length=8)[0]
+
+    one = roofline(compiled_text(lambda x, w: jnp.tanh(x @ w), (512, 1024), (1024, 1024)),
+                   peak_flops=PEAK, hbm_bandwidth=HBM)  # fmt: skip
+    eight = roofline(compiled_text(stack, (512, 1024), (1024, 1024)), peak_flops=PEAK,
+                     hbm_bandwidth=HBM)  # fmt: skip
+    assert one is not None and eight is not None
+    assert eight.flops == pytest.approx(8 * one.flops, rel=0.02)
+    assert eight.seconds >= 8 * one.seconds  # each trip at least the work of one (plus its copies)
