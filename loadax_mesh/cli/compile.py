@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .args import print_json, size_text
+from .args import positive_int, print_json, size_text
 
 if TYPE_CHECKING:
     from ..compiler.report import CompileReport
@@ -22,8 +22,22 @@ if TYPE_CHECKING:
 WORKLOAD_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
     "--model": ({"metavar": "M"}, "a model (`loadax-mesh models`)"),
     "--remat": (
-        {"default": "full", "choices": ["full", "dots", "none"]},
-        "what the backward pass recomputes (default: full, only layer inputs are saved)",
+        {"metavar": "POLICY"},
+        "where the backward pass finds each tensor of a layer: a policy (full, the default: "
+        "only layer inputs saved; dots; none; offload: layer inputs in host memory) or "
+        "tensor=placement pairs such as layer_input=offload,query=offload (placements: "
+        "recompute, device, offload; tensors not named are recomputed); with --strategy auto "
+        "it narrows the recipe search",
+    ),
+    "--microbatches": (
+        {"type": positive_int, "metavar": "M"},
+        "gradient accumulation: the step's batch run in M slices (default 1; with --strategy "
+        "auto: searched unless given)",
+    ),
+    "--logits-chunks": (
+        {"type": positive_int, "metavar": "C"},
+        "the loss computed over C slices of the tokens (default 1; with --strategy auto: "
+        "searched unless given)",
     ),
     "--attention": (
         {"default": "flash", "choices": ["flash", "plain"]},

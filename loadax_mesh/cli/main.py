@@ -143,7 +143,9 @@ def _refuse_workload_flags(args: argparse.Namespace) -> None:
         flag
         for flag, value, default in (
             ("--model", args.model, None),
-            ("--remat", args.remat, "full"),
+            ("--remat", args.remat, None),
+            ("--microbatches", args.microbatches, None),
+            ("--logits-chunks", args.logits_chunks, None),
             ("--attention", args.attention, "flash"),
         )
         if value != default
