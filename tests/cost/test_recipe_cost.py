@@ -1,0 +1,189 @@
+"""The recipe in the cost model: placements, micro-batches, logits chunks, host memory and the
+offload link, and choose_mesh searching recipes with meshes. No jax needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
+from loadax_mesh.cost import estimate
+from loadax_mesh.cost.choose import LOGITS_CHUNKS, MAXTEXT_OFFLOAD, REMATS
+from loadax_mesh.cost.estimate import op_flops
+from loadax_mesh.workload import ModelSpec, TrainSpec
+
+# Every dim a whole number of TPU tiles, as in test_cost.
+SMALL = ModelSpec(
+    name="small", num_layers=2, d_model=1024, d_ff=1024, num_heads=8, num_kv_heads=2,
+    head_dim=128, vocab_size=1024, seq_len=128,
+)  # fmt: skip
+L, D, F, V, S, CD = 2, 1024, 1024, 1024, 128, 2
+
+
+def small(hardware="tpu-v5p-16", batch=8, **recipe):
+    plan = MeshConfig.from_preset("fsdp").plan(simulate_devices(hardware))
+    return estimate(plan, SMALL, TrainSpec(global_batch=batch, **recipe))
+
+
+def test_offloaded_tensors_move_from_device_to_host():
+    full, off = small(), small(remat="offload")
+    tokens = S  # one sequence per device
+    assert full.host_bytes == 0 and full.terms["activations"] == L * tokens * D * CD
+    # "offload": the layer input goes to host memory instead of HBM
+    assert off.terms["activations"] == 0 and off.host_bytes == L * tokens * D * CD
+    assert off.terms["layer"] == full.terms["layer"]  # the same recompute as "full"
+    custom = small(remat={"layer_input": "offload", "query": "offload", "key": "device"})
+    q, k = tokens * 8 * 128 * CD, tokens * 2 * 128 * CD
+    assert custom.host_bytes == L * (tokens * D * CD + q)
+    assert custom.terms["activations"] == L * k
+    assert custom.remat == "layer_input=offload,query=offload,key=device"
+    assert custom.fits and custom.host_memory_bytes == int(448e9 / 4)  # a v5p VM's RAM / 4
+
+
+def test_a_custom_placement_holds_what_it_recomputes():
+    dots = small(remat="dots")
+    # dots' placement (the attention output recomputed) with the MLP's output recomputed too
+    saved = {t: "device" for t in MAXTEXT_OFFLOAD} | {"mlp_in": "device"}
+    custom = small(remat=saved)
+    attention, down = S * 8 * 128 * CD, S * D * CD  # recomputed, so live again
+    assert custom.terms["layer"] == dots.terms["layer"] + attention + down
+    assert custom.terms["activations"] == dots.terms["activations"] - L * down
+
+
+def test_microbatches_divide_the_per_row_terms_and_add_an_accumulator():
+    one, two = small(batch=16), small(batch=16, microbatches=2)
+    assert one.terms["accumulator"] == 0
+    assert two.terms["accumulator"] == one.terms["gradients"]  # float32 params: same size
+    assert two.terms["activations"] * 2 == one.terms["activations"]
+    assert two.terms["logits"] * 2 == one.terms["logits"]
+    assert two.terms["batch"] == one.terms["batch"]  # the step's batch is an argument, whole
+    assert two.microbatches == 2 and two.flops == one.flops
+    # every collective once per micro-batch: the weights gathered again
+    kinds = {c.what: c.count for c in two.axes["fsdp"].collectives}
+    assert kinds["layer weights"] == 2 * 2 * L and kinds["layer weight gradients"] == 2 * L
+    assert two.axes["fsdp"].bytes == 2 * one.axes["fsdp"].bytes
+
+
+def test_logits_chunks_divide_the_logits_and_recompute_the_head():
+    one, four = small(), small(logits_chunks=4)
+    assert four.terms["logits"] * 4 == one.terms["logits"] and four.logits_chunks == 4
+    head = S * 2 * V * D  # each chunk's logits recomputed in the backward pass
+    assert four.recompute_flops == one.recompute_flops + head
+
+
+def test_recompute_flops_follow_the_placement():
+    ops = op_flops(SMALL)
+    assert sum(ops.values()) == 2 * (SMALL.layer_params - 2 * D) + 2 * S * 8 * 128
+    assert small(remat="none").recompute_flops == 0
+    assert small(remat="full").recompute_flops == S * L * sum(ops.values())
+    assert small(remat="dots").recompute_flops == S * L * ops["attention_out"]
+    custom = small(remat={"query": "device", "mlp_in": "offload"})
+    again = sum(v for t, v in ops.items() if t not in ("layer_input", "query", "mlp_in"))
+    assert custom.recompute_flops == S * L * again
+    assert custom.flops == small(remat="none").flops + custom.recompute_flops
+
+
+def test_offload_transfers_hide_behind_their_pass():
+    e = small(remat="offload", batch=8)
+    assert e.offload_bytes == e.host_bytes
+    assert e.offload_seconds == pytest.approx(e.host_bytes / 15e9)  # v5p's host link
+    forward = e.compute_seconds - (e.flops - e.flops / 3) / 459e12  # model FLOPs / 3
+    backward = e.compute_seconds - forward
+    want = max(0.0, e.offload_seconds - forward) + max(0.0, e.offload_seconds - backward)
+    assert e.offload_exposed_seconds == pytest.approx(want, abs=1e-9)
+    hidden = max(a.seconds - a.exposed_seconds for a in e.axes.values())
+    assert e.step_seconds == pytest.approx(
+        max(e.compute_seconds, hidden) + e.offload_exposed_seconds
+    )
+    # A tiny step's transfers outlast its compute: exposed, and named as the bottleneck.
+    assert e.offload_exposed_seconds > 0 and e.bottleneck.startswith("host offload")
+
+
+def test_host_memory_judges_fit_and_missing_facts_are_named():
+    # 70B on a v5e-256 offloading its layer inputs: 48 GB of host memory a chip holds them
+    plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5litepod-256"))
+    e = estimate(plan, ModelSpec.from_name("llama3-70b"), TrainSpec(global_batch=2048,
+                                                                    remat="offload"))  # fmt: skip
+    assert e.host_bytes > e.host_memory_bytes and not e.fits
+    # v4's catalogue entry has no host memory: an offload cannot be judged there
+    plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v4-32"))
+    with pytest.raises(MeshConfigError, match="the catalogue has no host memory bytes"):
+        estimate(plan, SMALL, TrainSpec(global_batch=16, remat="offload"))
+    assert estimate(plan, SMALL, TrainSpec(global_batch=16)).host_memory_bytes is None
+    # a GB200 rack has host memory unknown and no host link: offloads are not searched there
+    ranking = choose_mesh("gpu-a4x-highgpu-4g-72", "tiny", TrainSpec(global_batch=72), top=1)
+    assert "offload" not in ranking[0].train.placements.values()
+
+
+def test_to_dict_carries_the_recipe():
+    data = small(batch=16, remat="offload", microbatches=2, logits_chunks=4).to_dict()
+    assert (data["remat"], data["microbatches"], data["logits_chunks"]) == ("offload", 2, 4)
+    assert data["host_bytes"] > 0 and data["offload_exposed_seconds"] >= 0
+
+
+def test_choose_finds_a_recipe_where_the_plain_step_fits_nowhere():
+    model, train = ModelSpec.from_name("llama3-8b"), TrainSpec(global_batch=512)
+    plain = [{"remat": "full", "microbatches": 1, "logits_chunks": 1}]
+    with pytest.raises(MeshConfigError, match="fits no mesh .* with any recipe searched"):
+        choose_mesh("tpu-v5litepod-256", model, train, recipes=plain)
+    ranking = choose_mesh("tpu-v5litepod-256", model, train)
+    best = ranking[0]
+    assert best.estimate.fits and best.train.global_batch == 512
+    assert (best.train.microbatches, best.train.logits_chunks) != (1, 1) or (
+        best.train.remat != "full"
+    )
+    assert best.estimate.remat == best.train.remat_text
+    assert best.estimate.microbatches == best.train.microbatches
+    keys = [(c.estimate.step_seconds, sum(a.seconds for a in c.estimate.axes.values()))
+            for c in ranking]  # fmt: skip
+    assert keys == sorted(keys)
+
+
+def test_the_search_keeps_the_fewest_microbatches_that_fit():
+    model = ModelSpec.from_name("llama3-8b")
+    ranking = choose_mesh(
+        "tpu-v5litepod-256", model, TrainSpec(global_batch=512), recipes=[{"remat": "full"}]
+    )
+    for c in ranking:
+        t = c.train
+        assert t.remat == "full" and t.logits_chunks in LOGITS_CHUNKS
+        if t.microbatches > 1:  # one fewer micro-batch would not fit
+            rows = 512 // (c.estimate.mesh["data"] * c.estimate.mesh["fsdp"])
+            fewer = max(m for m in range(1, t.microbatches) if rows % m == 0)
+            again = estimate(c.plan, model, TrainSpec(global_batch=512, remat="full",
+                                                      microbatches=fewer,
+                                                      logits_chunks=t.logits_chunks))  # fmt: skip
+            assert again.memory_bytes > 0.9 * again.hbm_bytes
+
+
+def test_recipes_narrow_the_search():
+    train = TrainSpec(global_batch=16)
+    one = [{"remat": "dots", "microbatches": 2, "logits_chunks": 4}]
+    for c in choose_mesh("tpu-v5p-16", "tiny", train, recipes=one):
+        assert (c.train.remat, c.train.microbatches, c.train.logits_chunks) == ("dots", 2, 4)
+    remats = {c.train.remat_text for c in choose_mesh("tpu-v5p-16", "tiny", train, top=50)}
+    assert remats <= {TrainSpec(global_batch=1, remat=r).remat_text for r in REMATS}
+    auto = MeshConfig.from_preset(
+        "auto", hardware="tpu-v5p-16", model="tiny", global_batch=16, remat="dots"
+    )
+    dots = choose_mesh("tpu-v5p-16", "tiny", train, recipes=[{"remat": "dots"}])
+    assert auto.mesh_shape == dots[0].config.mesh_shape and dots[0].train.remat == "dots"
+
+
+@pytest.mark.parametrize(
+    ("recipes", "message"),
+    [
+        ("full", "recipes='full'; accepted: an iterable of mappings"),
+        ({"remat": "full"}, "accepted: an iterable of mappings"),
+        (5, "recipes=5; accepted"),
+        ([], r"recipes=\[\] holds no recipe"),
+        (["full"], "recipes: 'full' is no mapping"),
+        ([{"global_batch": 8}], "recipes: unknown field 'global_batch'"),
+        ([{"remat": "most"}], "remat='most'; accepted: full, dots, none, offload"),
+        ([{"microbatches": 0}], "microbatches=0; accepted: a positive integer"),
+        ([{"logits_chunks": 2.0}], "logits_chunks=2.0; accepted: a positive integer"),
+    ],
+)
+def test_bad_recipes(recipes, message):
+    with pytest.raises(MeshConfigError, match=message):
+        choose_mesh("tpu-v5p-16", "tiny", TrainSpec(global_batch=16), recipes=recipes)
+
