@@ -123,7 +123,7 @@ def test_to_dict_carries_the_recipe():
 def test_choose_finds_a_recipe_where_the_plain_step_fits_nowhere():
     model, train = ModelSpec.from_name("llama3-8b"), TrainSpec(global_batch=512)
     plain = [{"remat": "full", "microbatches": 1, "logits_chunks": 1}]
-    with pytest.raises(MeshConfigError, match="fits no mesh .* with any recipe searched"):
+    with pytest.raises(MeshConfigError, match=r"fits no mesh .* with any recipe searched"):
         choose_mesh("tpu-v5litepod-256", model, train, recipes=plain)
     ranking = choose_mesh("tpu-v5litepod-256", model, train)
     best = ranking[0]
