@@ -90,7 +90,8 @@ def test_auto_flags_narrow_the_search_and_estimate_runs_the_winner(capsys):
     argv = ["estimate", "tpu-v5p-16", "--strategy", "auto", "--model", "tiny"]
     code, out, _ = run(capsys, *argv, "--global-batch", "16", "--remat", "dots", "--format", "json")
     data = json.loads(out)
-    best = choose_mesh("tpu-v5p-16", "tiny", TrainSpec(global_batch=16), recipes=[{"remat": "dots"}])
+    train = TrainSpec(global_batch=16)
+    best = choose_mesh("tpu-v5p-16", "tiny", train, recipes=[{"remat": "dots"}])
     assert code == 0 and data["remat"] == "dots" and data["mesh"] == best[0].estimate.mesh
     assert data["microbatches"] == best[0].train.microbatches
     code, out, _ = run(capsys, *argv, "--global-batch", "16", "--microbatches", "2")

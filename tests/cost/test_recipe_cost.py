@@ -186,4 +186,3 @@ def test_recipes_narrow_the_search():
 def test_bad_recipes(recipes, message):
     with pytest.raises(MeshConfigError, match=message):
         choose_mesh("tpu-v5p-16", "tiny", TrainSpec(global_batch=16), recipes=recipes)
-
