@@ -6,9 +6,10 @@ batch: 1024 x 4096), fuji-8B-v3 = llama3-8b (512 x 8192), fuji-70B-v3 = llama3-7
 one sequence per 4 devices, which AXLearn also shards along the sequence; here one sequence per
 device, since the reference step divides the batch over data x fsdp). That revision has no v6e,
 7x or 405B rows. AXLearn's axes map to
-ours as data -> data, fsdp -> fsdp (seq and model 1). Both meshes are estimated with full remat
-(AXLearn offloads or saves dots on some rows, with gradient accumulation on v5e-256; the report
-is about the mesh). A report, not a target: where we differ, the reason is printed.
+ours as data -> data, fsdp -> fsdp (seq and model 1). AXLearn's mesh is estimated with full remat
+(AXLearn offloads or saves dots on some rows, with gradient accumulation on v5e-256); ours is
+the mesh and recipe `choose_mesh` ranks first (remat, micro-batches, logits chunks searched),
+printed beside it. A report, not a target: where we differ, the reason is printed.
 
     python benchmarks/bench_experts.py
 """
@@ -60,10 +61,16 @@ def main() -> None:
         mine = ours.estimate
         shape = "x".join(f"{a}{s}" for a, s in mine.mesh.items() if s > 1)
         split = f"ici {ours.ici} dcn {ours.dcn}"
-        print(f"{label} -> ours {shape} ({split})")
+        recipe = (
+            f"remat {mine.remat}, microbatches {mine.microbatches}, "
+            f"logits chunks {mine.logits_chunks}"
+        )
+        print(f"{label} -> ours {shape} ({split}; {recipe})")
         for who, e in (("  AXLearn", theirs), ("  ours   ", mine)):
             print(
                 f"{who} {e.memory_bytes / 1e9:6.1f} GB of {e.hbm_bytes / 1e9:.1f}"
+                + (f" (+{e.host_bytes / 1e9:.1f} GB host)" if e.host_bytes else "")
+                + ""
                 f"{'' if e.fits else ' (does NOT fit)'}, step {e.step_seconds:7.3f} s, "
                 f"MFU {e.mfu:.2f}, {e.bottleneck}"
             )
