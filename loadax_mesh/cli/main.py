@@ -23,6 +23,7 @@ from .args import (
     plan_with_notes,
     print_json,
 )
+from .export import EXPORT_FORMATS
 
 if TYPE_CHECKING:
     from ..cost import Ranking
@@ -65,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=text, description=text, add_help=name != "launch")
         if name in runs:
             command.set_defaults(run=runs[name])
-            command.add_argument("--format", default="text", choices=["text", "json"])
+            formats = ["text", "json", *(EXPORT_FORMATS if name == "plan" else ())]
+            command.add_argument("--format", default="text", choices=formats)
     from .compile import WORKLOAD_FLAGS
 
     for name in ("plan", "compile", "estimate"):
@@ -123,7 +125,7 @@ def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | N
 
         config, ranking, source = auto_config(args)
     else:
-        if args.command == "plan":
+        if args.command == "plan" and args.format != "maxtext":  # MaxText's keys carry them
             _refuse_workload_flags(args)
         config, source = config_from_args(args, selector)
     notes = [source, *_device_notes(devices)]
@@ -166,6 +168,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         notes.append(f"built jax.sharding.Mesh {dict(mesh.shape)} from jax.devices()")
         if jax.process_index() != 0:  # under `launch`: process 0 speaks for the job
             return 0
+    if args.format in EXPORT_FORMATS:
+        from .export import export_command
+
+        return export_command(args, plan)
     from ..view import picture, report
 
     rows = None if args.global_batch is None else report.host_rows(plan, args.global_batch)
