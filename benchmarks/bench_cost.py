@@ -3,10 +3,12 @@
 For each case the plan is made on the compile-only devices (libtpu for TPU, XLA's CUDA client
 for GPU), `estimate` reads it, and `compile_step` compiles the reference step for it. Printed:
 memory per device (estimate / compiled; where the TPU compiler refuses, the step as written, and
-beside it the figure its own extra remat squeezed it to), whether both say it fits, and per mesh
+beside it the figure its own extra remat squeezed it to), host memory where the recipe offloads
+(estimate / the compiler's host temp bytes), whether both say it fits, and per mesh
 axis the collective bytes per step (estimate / compiled). Collectives the compiler runs over
 several axes at once join those axes into one row. GPU rows also compare the bytes that cross
-granules (NVLink domains). Targets: memory within 20%, fits agreeing, bytes within 25%.
+granules (NVLink domains). Targets: memory and host memory within 20%, fits agreeing, bytes
+within 25%.
 
     python benchmarks/bench_cost.py [--cache DIR] [--only SUBSTRING] [--markdown]
 
@@ -29,9 +31,13 @@ from loadax_mesh import MeshConfig
 from loadax_mesh.cost import estimate
 from loadax_mesh.hardware.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload.spec import parse_remat
 
-# (hardware, preset with optional overrides "preset:axis=size", model, global batch, remat)
-CASES = [
+# (hardware, preset with optional overrides "preset:axis=size", model, global batch, remat
+# [, microbatches, logits chunks]); remat as the command line writes it
+MAXTEXT_8B = "layer_input=offload,query=offload,key=offload,value=offload,out_proj=offload"
+MAXTEXT_70B = "layer_input=offload,query=offload,key=offload,value=offload"
+CASES: list[tuple[Any, ...]] = [
     ("tpu-v5litepod-8", "fsdp", "tiny", 64, "full"),
     ("tpu-v5litepod-8", "fsdp_tp", "tiny", 64, "dots"),
     ("tpu-v5p-16", "dp_sp", "tiny", 32, "none"),
@@ -52,6 +58,17 @@ CASES = [
     ("gpu-p4de.24xlarge-32", "fsdp", "llama2-7b", 32, "full"),
     ("gpu-a4-highgpu-8g-16", "hsdp", "llama3-8b", 32, "full"),
     ("gpu-a4x-highgpu-4g-144", "fsdp_tp:fsdp=2", "llama3-70b", 144, "full"),
+    # The recipe: offload, micro-batches, chunked logits (issue #20)
+    ("tpu-v6e-8", "fsdp", "llama3-8b", 24, MAXTEXT_8B, 1, 1),
+    ("tpu-v6e-8", "fsdp", "llama3-8b", 24, "offload", 3, 1),
+    ("tpu-v6e-64", "fsdp", "llama3-70b", 128, MAXTEXT_70B, 1, 1),
+    ("tpu-v5p-128", "fsdp", "llama3-8b", 256, "full", 2, 1),
+    ("tpu-v5p-128", "fsdp", "llama3-8b", 256, "layer_input=offload,query=device", 1, 4),
+    ("tpu-v5litepod-256", "fsdp", "llama3-8b", 512, "full", 2, 1),
+    ("tpu-v5litepod-256", "fsdp", "llama3-8b", 512, "full", 1, 4),
+    ("tpu-v6e-8", "fsdp", "llama3-8b", 24, "dots", 3, 16),
+    ("gpu-a3-highgpu-8g-8", "fsdp", "llama2-7b", 32, "offload", 2, 1),
+    ("gpu-p5.48xlarge-16", "hsdp", "llama3-8b", 32, "dots", 2, 4),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 
@@ -63,12 +80,27 @@ def compiled(case: tuple[Any, ...], plan: Any, cache: Path | None) -> dict[str, 
     path = None if cache is None else cache / ("_".join(map(str, case)) + ".json")
     if path is not None and path.exists():
         return json.loads(path.read_text())
-    _, _, name, batch, remat = case
-    train = TrainSpec(global_batch=batch, remat=remat)
-    report = compile_step(plan, ModelSpec.from_name(name), train).to_dict()
+    report = compile_step(plan, ModelSpec.from_name(case[2]), train_of(case)).to_dict()
     if path is not None:
         path.write_text(json.dumps(report))
     return report
+
+
+def train_of(case: tuple[Any, ...]) -> TrainSpec:
+    """A case's TrainSpec: its batch and recipe (micro-batches and chunks 1 where not given)."""
+    batch, remat, *recipe = case[3:]
+    micro, chunks = recipe or (1, 1)
+    return TrainSpec(
+        global_batch=batch, remat=parse_remat(remat), microbatches=micro, logits_chunks=chunks
+    )
+
+
+def recipe_text(case: tuple[Any, ...]) -> str:
+    """The recipe column: remat, and micro-batches x and logits chunks / where not 1."""
+    t = train_of(case)
+    text = t.remat_text.replace("layer_input", "in").replace("=offload", "=off")
+    text += f" x{t.microbatches}" * (t.microbatches > 1)
+    return text + f" /{t.logits_chunks}" * (t.logits_chunks > 1)
 
 
 def config(preset: str) -> MeshConfig:
@@ -93,10 +125,10 @@ def clusters(report: dict[str, Any], axes: list[str]) -> list[tuple[str, ...]]:
 
 
 def compare(case: tuple[Any, ...], cache: Path | None) -> dict[str, Any]:
-    hardware, preset, name, batch, remat = case
+    hardware, preset, name = case[:3]
     plan = config(preset).plan(topology_devices(hardware))
     model = ModelSpec.from_name(name)
-    est = estimate(plan, model, TrainSpec(global_batch=batch, remat=remat))
+    est = estimate(plan, model, train_of(case))
     start = time.perf_counter()
     report = compiled(case, plan, cache)
     rows = []
@@ -113,6 +145,7 @@ def compare(case: tuple[Any, ...], cache: Path | None) -> dict[str, Any]:
         "case": case,
         "mesh": "x".join(f"{k}{v}" for k, v in plan.shape.items() if v > 1),
         "memory": (est.memory_bytes, report["total_bytes"]),
+        "host": (est.host_bytes, report.get("host_bytes") or 0),
         "fits": (est.fits, report["fits"]),
         "squeezed": report.get("squeezed_bytes"),
         "axes": rows,
@@ -145,6 +178,8 @@ def main() -> None:
         r = compare(case, args.cache)
         (want, got), (fit_est, fit_comp) = r["memory"], r["fits"]
         ok = _ok(want, got, TARGETS["memory"]) and fit_est == fit_comp
+        host_want, host_got = r["host"]
+        ok &= _ok(host_want, host_got, TARGETS["memory"])
         axes = []
         for group, b_want, b_got, a_want, a_got in r["axes"]:
             good = _ok(b_want, b_got, TARGETS["bytes"])
@@ -154,12 +189,15 @@ def main() -> None:
                 text += f", across granules {a_want / 1e9:.2f}/{a_got / 1e9:.2f}"
             axes.append(text + ("" if good else " MISS"))
             ok &= good
-        hardware, preset, name, batch, remat = r["case"]
+        hardware, preset, name, batch = r["case"][:4]
         memory = f"{want / 1e9:.2f}/{got / 1e9:.2f} ({_ratio(want, got)})"
+        host = "-"
+        if host_want or host_got:
+            host = f"{host_want / 1e9:.2f}/{host_got / 1e9:.2f} ({_ratio(host_want, host_got)})"
         if r["squeezed"] is not None:
             memory += f"; refused, squeezed to {r['squeezed'] / 1e9:.2f}"
         cells = [
-            hardware, preset, r["mesh"], name, str(batch), remat, memory,
+            hardware, preset, r["mesh"], name, str(batch), recipe_text(r["case"]), memory, host,
             f"{fit_est}/{fit_comp}", "; ".join(axes) or "-", "ok" if ok else "MISS",
         ]  # fmt: skip
         lines.append(cells)
@@ -169,8 +207,9 @@ def main() -> None:
     print(f"\n{platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
     print(f"{len(lines) - len(misses)} of {len(lines)} cases meet every target")
     if args.markdown:
-        header = ["hardware", "preset", "mesh", "model", "batch", "remat"]
-        header += ["memory GB est/compiled", "fits est/compiled", "bytes per axis est/compiled", ""]
+        header = ["hardware", "preset", "mesh", "model", "batch", "recipe"]
+        header += ["memory GB est/compiled", "host GB est/compiled", "fits est/compiled"]
+        header += ["bytes per axis est/compiled", ""]
         print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
         for cells in lines:
             print("| " + " | ".join(cells) + " |")
