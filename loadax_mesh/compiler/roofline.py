@@ -148,10 +148,11 @@ def _kernel(call: Instruction, hlo: HloText) -> tuple[float, float] | None:
         return 0.0, 0.0
     kind = _SPLASH.match(call.name)
     shapes = operand_dims(call)
-    if kind is None or len(shapes) < 5 or len(shapes[2]) != 4:
+    # after the two scalar-prefetch operands, q: [rows, heads, seq, head_dim] under the step's
+    # vmap over rows, [heads, seq, head_dim] where a device holds one row
+    if kind is None or len(shapes) < 5 or len(shapes[2]) not in (3, 4):
         return None
-    q = shapes[2]  # after the two scalar-prefetch operands: q [rows, heads, seq, head_dim]
-    rows, heads, seq, head_dim = q
+    rows, heads, seq, head_dim = shapes[2] if len(shapes[2]) == 4 else (1, *shapes[2])
     pairs = seq * (seq + 1) // 2  # the reference step's causal mask: query i sees keys 0..i
     return float(rows * heads * pairs * head_dim * _SPLASH_PER_PAIR[kind[1]]), float(moved)
 
