@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         picture = PICTURE_FLAGS if name == "plan" else {}
         for flag, (options, text) in {**PLAN_FLAGS, **WORKLOAD_FLAGS, **picture}.items():
             command.add_argument(flag, **options, help=text)
+    from .replan import add_parser as add_replan
+
+    add_replan(sub)
     return parser
 
 
