@@ -1,15 +1,10 @@
 """`estimate(plan, model, train)`: memory, compute, collectives and step time per device.
 
-The overlap model: collectives of parameters and gradients (FSDP gathers and reductions, the
-data-parallel gradient all-reduce) run asynchronously and hide behind compute; tensor-parallel
-all-reduces and sequence gathers feed the very next operation, so they are exposed. Offloaded
-activations go out to host memory during the forward pass and come back during the backward
-pass, each way over the device's host link (catalogue `host_link_bandwidth`, PCIe); the copies
-are asynchronous (XLA schedules them beside the layers' compute), so each direction hides
-behind the compute of its own pass and only what exceeds it is exposed. Step time =
-max(compute, hidden collectives) + exposed collectives + exposed offload transfers. Compute is
-FLOPs over the catalogue's peak (recompute included): a bound the real step approaches but does
-not reach, so MFU here is an upper bound too.
+The step time is cost/time.py's, term by term: matmuls (by shape) and attention kernels at the
+calibrated share of the peak, memory-bound operations at HBM bandwidth, collectives inside a
+granule hidden up to the compute where they overlap (FSDP gathers, gradient reductions) and
+exposed where they feed the next operation (tensor-parallel all-reduces, sequence gathers),
+collectives across granules exposed, host-offload copies hidden behind their own pass.
 """
 
 from __future__ import annotations
@@ -23,16 +18,17 @@ from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .facts import DeviceFacts, device_facts
 from .memory import Shapes, host_bytes, memory_terms, phases
+from .time import StepTime, calibration, step_time
 from .traffic import AxisTraffic, axis_traffic, collectives
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
 
 OVERLAP = (
-    "FSDP gathers, gradient reductions and the data-parallel all-reduce hide behind compute; "
-    "tensor-parallel all-reduces and sequence gathers are exposed; offload copies hide behind "
-    "their own pass's compute (out: forward, in: backward); "
-    "step = max(compute, hidden) + exposed + exposed offload"
+    "inside granules, FSDP gathers and gradient reductions hide behind compute, tensor-parallel "
+    "all-reduces and sequence gathers are exposed; collectives across granules are exposed; "
+    "offload copies hide behind their own pass's compute (out: forward, in: backward); "
+    "step = max(compute, hidden) + exposed + across granules + exposed offload"
 )
 
 
@@ -58,7 +54,9 @@ class Estimate:
     fits: bool  # memory_bytes <= hbm_bytes and host_bytes <= host_memory_bytes
     flops: float  # executed, remat recompute included
     recompute_flops: float  # of which the backward pass's recompute
-    compute_seconds: float
+    model_flops: float  # the model's own (6 per parameter and token plus causal attention)
+    compute_seconds: float  # matmuls, attention kernels and memory-bound operations
+    time: StepTime  # the step's seconds, term by term
     axes: dict[str, AxisTraffic]
     offload_bytes: int  # per step, each way over the host link
     offload_seconds: float  # the larger direction's transfer time
@@ -77,6 +75,15 @@ class Estimate:
 
 def estimate(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> Estimate:
     """Estimate the reference step on `plan` (its hardware string must be in the catalogue)."""
+    r, factors, efficiency, facts = plan_parts(plan)
+    check_fit(model, train, r)
+    return estimate_parts(model, train, r, factors, efficiency, facts)
+
+
+def plan_parts(
+    plan: MeshPlan,
+) -> tuple[Roles, dict[str, tuple[int, int]], dict[str, float], DeviceFacts]:
+    """What `estimate_parts` reads of a plan (besides the model and train spec)."""
     if plan.hardware is None:
         raise MeshConfigError(
             "plan.hardware=None: the estimate needs the catalogue's facts; accepted: a plan over "
@@ -84,13 +91,11 @@ def estimate(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> Estimate:
         )
     facts = device_facts(parse_hardware(plan.hardware))
     r = roles(tuple(plan.shape.items()), plan.batch_axis_names)
-    check_fit(model, train, r)
     factors = {
         a: (i, d)
         for a, i, d in zip(plan.axis_names, plan.ici_mesh_shape, plan.dcn_mesh_shape, strict=True)
     }
-    efficiency = {a: q.efficiency for a, q in plan.quality().items()}
-    return estimate_parts(model, train, r, factors, efficiency, facts)
+    return r, factors, {a: q.efficiency for a, q in plan.quality().items()}, facts
 
 
 def estimate_parts(
@@ -102,9 +107,12 @@ def estimate_parts(
     facts: DeviceFacts,
     *,
     terms: dict[str, int] | None = None,
+    compute_efficiency: float | None = None,
 ) -> Estimate:
     """The estimate from its parts (what `choose_mesh` varies without building a plan);
-    `terms` are the memory terms when already computed (they do not depend on the plan)."""
+    `terms` are the memory terms when already computed (they do not depend on the plan);
+    `compute_efficiency` replaces the calibrated one (configs/calibration.toml; what
+    benchmarks/bench_time.py fits)."""
     if terms is None:
         terms = memory_terms(
             model, train, r, facts.tile, batch_across_granules=holds_tables(facts, r, factors)
@@ -112,21 +120,24 @@ def estimate_parts(
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
     flops, model_flops, recompute = step_flops(model, train, r)
-    compute = flops / facts.peak_flops
     axes = axis_traffic(collectives(model, train, r), r, factors, efficiency, facts)
-    hidden = sum(a.seconds - a.exposed_seconds for a in axes.values())
-    exposed = sum(a.exposed_seconds for a in axes.values())
     host = host_bytes(model, train, r, facts.tile)
     host_memory = facts.need("host_memory_bytes") if host else facts.host_memory_bytes
     moved = host * train.microbatches  # every micro-batch writes and reads its own
-    out_seconds = in_seconds = offload_exposed = 0.0
-    if moved:
-        link = facts.need("host_link_bandwidth")
-        out_seconds = in_seconds = moved / link
-        forward = model_flops / 3 / facts.peak_flops  # the forward pass: a third of the model
-        backward = compute - forward
-        offload_exposed = max(0.0, out_seconds - forward) + max(0.0, in_seconds - backward)
-    step = max(compute, hidden) + exposed + offload_exposed
+    if compute_efficiency is None:
+        compute_efficiency = calibration("compute_efficiency", facts.platform)
+    t = step_time(
+        model,
+        train,
+        r,
+        facts,
+        efficiency=compute_efficiency,
+        hidden=sum(a.seconds - a.exposed_seconds for a in axes.values()),
+        exposed=sum(a.exposed_seconds - a.dcn_seconds for a in axes.values()),
+        across_granules=sum(a.dcn_seconds for a in axes.values()),
+        offload_bytes=moved,
+    )
+    step = t.seconds
     devices = 1
     for _, size in r.sizes:
         devices *= size
@@ -149,15 +160,17 @@ def estimate_parts(
         fits=peak <= facts.hbm_bytes and (not host or host <= (host_memory or 0)),
         flops=flops,
         recompute_flops=recompute,
-        compute_seconds=compute,
+        model_flops=model_flops,
+        compute_seconds=t.compute,
+        time=t,
         axes=axes,
         offload_bytes=moved,
-        offload_seconds=max(out_seconds, in_seconds),
-        offload_exposed_seconds=offload_exposed,
+        offload_seconds=moved / facts.need("host_link_bandwidth") if moved else 0.0,
+        offload_exposed_seconds=t.offload,
         step_seconds=step,
         tokens_per_second=train.global_batch * model.seq_len / devices / step,
         mfu=model_flops / (step * facts.peak_flops),
-        bottleneck=_bottleneck(compute, hidden, axes, offload_exposed),
+        bottleneck=_bottleneck(t, axes),
     )
 
 
@@ -195,19 +208,21 @@ def step_flops(model: ModelSpec, train: TrainSpec, r: Roles) -> tuple[float, flo
     return 3 * forward + recompute, 3 * forward, recompute
 
 
-def _bottleneck(
-    compute: float, hidden: float, axes: dict[str, AxisTraffic], offload: float = 0.0
-) -> str:
+def _bottleneck(t: StepTime, axes: dict[str, AxisTraffic]) -> str:
+    """What the step waits for most: an exposed collective, the host link, the collectives
+    that no longer hide, or the compute (and then which part of it)."""
+    compute = t.compute
     exposed = max(axes.values(), key=lambda a: a.exposed_seconds, default=None)
     worst = max((a.exposed_seconds for a in axes.values()), default=0.0)
-    if offload > 0.5 * compute and offload >= worst:
+    if t.offload > 0.5 * compute and t.offload >= worst:
         return "host offload (PCIe transfers exposed)"
     slowest = max(axes.values(), key=lambda a: a.seconds, default=None)
     if exposed is not None and exposed.exposed_seconds > 0.5 * compute:
         return f"{exposed.role} axis {exposed.axis!r} (exposed {_where(exposed)})"
-    if slowest is not None and hidden > compute:
+    if slowest is not None and t.hidden > compute:
         return f"{slowest.role} axis {slowest.axis!r} ({_where(slowest)}; hides no more)"
-    return "compute"
+    parts = {"matmuls": t.matmul, "attention": t.attention, "memory-bound ops": t.memory_bound}
+    return f"compute ({max(parts, key=lambda k: parts[k])})"
 
 
 def holds_tables(facts: DeviceFacts, r: Roles, factors: dict[str, tuple[int, int]]) -> bool:

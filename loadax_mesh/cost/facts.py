@@ -22,6 +22,7 @@ class DeviceFacts:
     platform: str
     peak_flops: float  # bf16 FLOP/s of one device
     hbm_bytes: float  # what one device may use
+    hbm_bandwidth: float | None  # bytes/s between one device and its HBM
     ici_bandwidth: float | None  # bytes/s one way over one ICI/NVLink link of a ring
     ici_latency: float | None  # seconds per ring step inside a granule
     dcn_bandwidth: float | None  # bytes/s one device has across granules (host NICs shared)
@@ -68,6 +69,7 @@ def device_facts(spec: HardwareSpec) -> DeviceFacts:
             platform="tpu",
             peak_flops=peak,
             hbm_bytes=hbm,
+            hbm_bandwidth=base("hbm_bandwidth", per_chip),
             ici_bandwidth=base("ici_link_bandwidth"),
             ici_latency=base("ici_latency"),
             dcn_bandwidth=base("dcn_bandwidth", per_chip),
@@ -82,6 +84,7 @@ def device_facts(spec: HardwareSpec) -> DeviceFacts:
         platform=spec.platform,
         peak_flops=peak,
         hbm_bytes=hbm,
+        hbm_bandwidth=base("hbm_bandwidth"),
         ici_bandwidth=nvlink,
         ici_latency=base("nvlink_latency"),
         dcn_bandwidth=base("network_per_gpu"),

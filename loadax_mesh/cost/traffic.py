@@ -57,6 +57,7 @@ class AxisTraffic:
     # between granules, dcn of its n = ici * dcn steps
     seconds: float
     exposed_seconds: float  # the part that cannot hide behind compute
+    dcn_seconds: float  # of which across granules (DCN or the scale-out network): exposed
     collectives: tuple[Collective, ...]
 
     def to_dict(self) -> dict[str, object]:
@@ -126,11 +127,12 @@ def axis_traffic(
         ici, dcn = factors[axis]
         mine = tuple(c for c in found if c.axis == axis)
         total = sum(c.bytes * c.count for c in mine)
-        seconds = exposed = 0.0
+        seconds = exposed = across = 0.0
         for c in mine:
-            t = _seconds(c, ici, dcn, efficiency.get(axis, 1.0), facts)
-            seconds += t * c.count
-            exposed += 0.0 if c.overlaps else t * c.count
+            inside, outside = _seconds(c, ici, dcn, efficiency.get(axis, 1.0), facts)
+            seconds += (inside + outside) * c.count
+            exposed += (outside + (0.0 if c.overlaps else inside)) * c.count
+            across += outside * c.count
         out[axis] = AxisTraffic(
             axis=axis,
             role=role.get(axis, "data" if axis in roles.batch else "none"),
@@ -140,25 +142,28 @@ def axis_traffic(
             across_granules=total // ici if dcn > 1 else 0,
             seconds=seconds,
             exposed_seconds=exposed,
+            dcn_seconds=across,
             collectives=mine,
         )
     return out
 
 
-def _seconds(c: Collective, ici: int, dcn: int, efficiency: float, facts: DeviceFacts) -> float:
-    """Seconds of one run: an ICI phase over the granule's members, then a DCN phase across
-    granules. An all-gather's ICI phase gathers 1/dcn of the buffer (a reduce-scatter's
+def _seconds(
+    c: Collective, ici: int, dcn: int, efficiency: float, facts: DeviceFacts
+) -> tuple[float, float]:
+    """Seconds of one run: (an ICI phase over the granule's members, a DCN phase across
+    granules). An all-gather's ICI phase gathers 1/dcn of the buffer (a reduce-scatter's
     reduces it last); an all-reduce is a reduce-scatter and an all-gather over both."""
     factor = 2 if c.kind == "all-reduce" else 1
-    seconds = 0.0
+    inside = outside = 0.0
     if ici > 1:
-        inside = c.bytes if c.kind == "all-reduce" else c.bytes // dcn
+        size = c.bytes if c.kind == "all-reduce" else c.bytes // dcn
         bandwidth = facts.need("ici_bandwidth") * 2 * max(efficiency, 1e-9)
-        seconds += factor * (ici - 1) * (inside / ici / bandwidth + facts.need("ici_latency"))
+        inside = factor * (ici - 1) * (size / ici / bandwidth + facts.need("ici_latency"))
     if dcn > 1:
-        seconds += (
+        outside = (
             factor
             * (dcn - 1)
             * (c.bytes / dcn / facts.need("dcn_bandwidth") + facts.need("dcn_latency"))
         )
-    return seconds
+    return inside, outside

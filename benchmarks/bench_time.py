@@ -1,0 +1,168 @@
+"""Step time against measured runs: the cost model's predicted step beside the logged one for
+every run of the calibration set (benchmarks/production_runs.py), with its published mesh and
+recipe, term by term.
+
+The one fitted number, `compute_efficiency` per platform (configs/calibration.toml), is judged
+run by run with the factor fitted on the other runs of its platform (leave one out): the
+prediction of a run never saw that run. `--fit` prints the factors fitted on all runs (what
+configs/calibration.toml holds). `--roofline` also compiles each run's step (at its compile
+size, one TPU compile at a time; a minute each for the v6e runs) and prints the compiled
+program's roofline (`CompileReport.roofline_seconds`) beside the estimate's compute.
+
+Logged steps: the TPU runs log their step; the A3 runs log TFLOP/s per device, converted here
+with the model FLOPs this estimate counts (6 per parameter and token plus causal attention, as
+MaxText counts them). Targets: every run within 25%; the MFU lost from 1 to 16 A3 hosts within
+10 points of the logged loss.
+
+    python benchmarks/bench_time.py [--fit] [--roofline] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from production_runs import RUNS
+
+from loadax_mesh import MeshConfig, simulate_devices
+from loadax_mesh.cost.estimate import Estimate, estimate, estimate_parts, plan_parts
+from loadax_mesh.workload import ModelSpec, TrainSpec
+
+
+@dataclass
+class Run:
+    spec: dict[str, Any]
+    platform: str
+    parts: tuple[Any, ...]  # what estimate_parts takes
+    peak: float
+    logged: float  # seconds
+
+    def predict(self, efficiency: float) -> Estimate:
+        return estimate_parts(*self.parts, compute_efficiency=efficiency)
+
+
+def load(spec: dict[str, Any]) -> Run:
+    model = ModelSpec.from_name(spec["model"])
+    train = TrainSpec(**spec["train"])
+    hardware = spec["hardware"]
+    plan = MeshConfig.from_preset(spec["preset"], **spec["overrides"]).plan(
+        simulate_devices(hardware), selector=hardware
+    )
+    e = estimate(plan, model, train)
+    peak = e.model_flops / e.mfu / e.step_seconds
+    logged = spec["step_seconds"] or e.model_flops / (spec["tflops_per_device"] * 1e12)
+    platform_ = "tpu" if hardware.startswith("tpu-") else "gpu"
+    return Run(spec, platform_, (model, train, *plan_parts(plan)), peak, logged)
+
+
+def error(run: Run, efficiency: float) -> float:
+    return run.predict(efficiency).step_seconds / run.logged - 1
+
+
+def fit(runs: list[Run]) -> float:
+    """The efficiency that minimises the squared relative errors (golden-section search: each
+    step grows as the efficiency falls)."""
+    lo, hi = 0.05, 1.0
+    g = (5**0.5 - 1) / 2
+
+    def loss(k: float) -> float:
+        return sum(error(r, k) ** 2 for r in runs)
+
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = loss(a), loss(b)
+    for _ in range(60):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = loss(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = loss(b)
+    return (lo + hi) / 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="print the factors fitted on all runs")
+    parser.add_argument("--roofline", action="store_true", help="compile and print rooflines")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    runs = [load(spec) for spec in RUNS]
+    by_platform = {p: [r for r in runs if r.platform == p] for p in ("tpu", "gpu")}
+    if args.fit:
+        for p, group in by_platform.items():
+            print(f"{p} = {fit(group):.3f}  (fitted on {len(group)} runs)")
+    header = [
+        "run", "logged s", "predicted s", "error", "MFU logged", "MFU pred", "efficiency (LOO)",
+        "matmul", "attention", "memory-bound", "hidden comm", "exposed", "DCN", "offload",
+    ]  # fmt: skip
+    if args.roofline:
+        header += ["roofline s", "compute / roofline"]
+    rows, worst, mfu = [], 0.0, {}
+    for group in by_platform.values():
+        for k, run in enumerate(group):
+            others = fit(group[:k] + group[k + 1 :])
+            e = run.predict(others)
+            t = e.time
+            err = e.step_seconds / run.logged - 1
+            worst = max(worst, abs(err))
+            logged_mfu = e.model_flops / run.logged / run.peak
+            mfu[run.spec["name"]] = (logged_mfu, e.mfu)
+            cells = [
+                run.spec["name"], f"{run.logged:.3f}", f"{e.step_seconds:.3f}", f"{err:+.1%}",
+                f"{logged_mfu:.3f}", f"{e.mfu:.3f}", f"{others:.3f}",
+                *(f"{x:.3f}" for x in (t.matmul, t.attention, t.memory_bound, t.hidden,
+                                       t.exposed, t.across_granules, t.offload)),
+            ]  # fmt: skip
+            if args.roofline:
+                roof = roofline(run)
+                cells += ["-", "-"] if roof is None else [f"{roof:.3f}", f"{t.compute / roof:.2f}"]
+            rows.append(cells)
+    print_table(header, rows, markdown=args.markdown)
+    one, sixteen = mfu["Llama2-7B A3 1 host"], mfu["Llama2-7B A3 16 hosts"]
+    fall_logged, fall_pred = one[0] - sixteen[0], one[1] - sixteen[1]
+    print(
+        f"\nworst error {worst:.1%} (target 25%); A3 1 -> 16 hosts: MFU falls "
+        f"{fall_logged * 100:.1f} points logged, {fall_pred * 100:.1f} predicted "
+        f"(difference {abs(fall_logged - fall_pred) * 100:.1f}; target 10)"
+    )
+    print(f"{platform.node()}, {os.cpu_count()} cores; {time.perf_counter() - start:.1f} s")
+
+
+def roofline(run: Run) -> float | None:
+    """The roofline of the run's step compiled at its compile size (one slice, or one host of a
+    data-parallel run: the same program per device)."""
+    from loadax_mesh import compile_step, topology_devices
+
+    spec = run.spec
+    hardware = spec["compile_hardware"]
+    plan = MeshConfig.from_preset(spec["preset"], **spec["overrides"]).plan(
+        topology_devices(hardware), selector=hardware
+    )
+    train = TrainSpec(**{**spec["train"], "global_batch": spec["compile_batch"]})
+    report = compile_step(plan, ModelSpec.from_name(spec["model"]), train)
+    return report.roofline_seconds
+
+
+def print_table(header: list[str], rows: list[list[str]], *, markdown: bool) -> None:
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+        return
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    for r in [header, *rows]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True)))
+
+
+if __name__ == "__main__":
+    main()

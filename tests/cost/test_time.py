@@ -1,0 +1,90 @@
+"""The step-time model term by term (cost/time.py), counted by hand. No jax needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadax_mesh import MeshConfig, simulate_devices
+from loadax_mesh.cost import estimate
+from loadax_mesh.cost.estimate import estimate_parts, plan_parts
+from loadax_mesh.cost.time import calibration
+from loadax_mesh.workload import ModelSpec, TrainSpec
+
+LONG = ModelSpec(
+    name="long", num_layers=4, d_model=4096, d_ff=16384, num_heads=32, num_kv_heads=8,
+    head_dim=128, vocab_size=32768, seq_len=4096,
+)  # fmt: skip
+PEAK, HBM = 459e12, 2765e9  # one v5p chip (catalogue)
+
+
+def plan(hardware: str, preset: str = "fsdp"):
+    return MeshConfig.from_preset(preset).plan(simulate_devices(hardware), selector=hardware)
+
+
+def test_big_matmuls_run_at_the_calibrated_share_of_peak() -> None:
+    e = estimate(plan("tpu-v5p-16"), LONG, TrainSpec(global_batch=64, remat="none"))
+    k = calibration("compute_efficiency", "tpu")
+    d, f, h, kv, hd, L, V = 4096, 16384, 32, 8, 128, 4, 32768
+    tokens = 8 * 4096  # 8 rows a device
+    layer = 2 * d * (h + 2 * kv) * hd + 2 * h * hd * d + 3 * 2 * d * f
+    projections = 3 * tokens * (L * layer + 2 * d * V)  # forward, and twice that backward
+    assert e.time.matmul == pytest.approx(projections / (PEAK * k))
+    pairs = 8 * 4096 * 4097 / 2  # causal, per row
+    assert e.time.attention == pytest.approx(L * pairs * h * hd * (4 + 14) / (PEAK * k))
+    assert e.compute_seconds == e.time.matmul + e.time.attention + e.time.memory_bound
+
+
+def test_recompute_and_the_gpu_kernel() -> None:
+    none, full = (
+        estimate(plan("tpu-v5p-16"), LONG, TrainSpec(global_batch=64, remat=r))
+        for r in ("none", "full")
+    )
+    # full remat runs every projection's forward again, and the attention's forward kernel
+    k, layer = (
+        calibration("compute_efficiency", "tpu"),
+        2 * 4096 * (48 * 128 + 32 * 128 + 3 * 16384),
+    )
+    again = 4 * 8 * 4096 * layer  # layers x tokens x a layer's forward FLOPs
+    assert full.time.matmul - none.time.matmul == pytest.approx(again / (PEAK * k))
+    assert full.time.attention == pytest.approx(none.time.attention * (4 + 4 + 14) / (4 + 14))
+    assert full.time.memory_bound > none.time.memory_bound
+    gpu = estimate(plan("gpu-p5.48xlarge-16"), LONG, TrainSpec(global_batch=64, remat="none"))
+    k, peak = calibration("compute_efficiency", "gpu"), 989e12  # one H100's bf16 peak
+    pairs = 4 * 4096 * 4097 / 2  # 4 rows a GPU
+    assert gpu.time.attention == pytest.approx(4 * pairs * 32 * 128 * (4 + 10) / (peak * k))
+
+
+def test_a_thin_matmul_reads_its_weights_at_hbm_speed() -> None:
+    short = ModelSpec(**{**vars(LONG), "name": "short", "seq_len": 16})
+    e = estimate(plan("tpu-v5p-16"), short, TrainSpec(global_batch=8, remat="none"))
+    k = calibration("compute_efficiency", "tpu")
+    flops_only = e.flops / (PEAK * k)
+    assert e.time.matmul > 5 * flops_only  # 16 tokens a device: the weights dominate
+    weights = 2 * (4 * (4096 * 48 * 128 + 32 * 128 * 4096 + 3 * 4096 * 16384) + 4096 * 32768)
+    assert e.time.matmul > 3 * weights / HBM  # each read forward and twice backward
+
+
+def test_collectives_across_granules_are_exposed() -> None:
+    train = TrainSpec(global_batch=256, remat="full")
+    one = estimate(plan("tpu-v5litepod-256"), ModelSpec.from_name("llama3-8b"), train)
+    two = estimate(plan("tpu-v5litepod-128-2"), ModelSpec.from_name("llama3-8b"), train)
+    assert one.time.across_granules == 0
+    assert two.time.across_granules == pytest.approx(two.axes["data"].dcn_seconds)
+    assert two.time.across_granules > 0
+    t = two.time
+    assert two.step_seconds == pytest.approx(
+        max(t.compute, t.hidden) + t.exposed + t.across_granules + t.offload
+    )
+
+
+def test_the_calibration_is_a_named_fit_that_an_estimate_can_replace() -> None:
+    p = plan("tpu-v5p-16")
+    parts = plan_parts(p)
+    train = TrainSpec(global_batch=64, remat="none")
+    base = estimate_parts(LONG, train, *parts)
+    assert base.step_seconds == estimate(p, LONG, train).step_seconds
+    faster = estimate_parts(LONG, train, *parts, compute_efficiency=1.0)
+    k = calibration("compute_efficiency", "tpu")
+    assert faster.time.matmul == pytest.approx(base.time.matmul * k)
+    assert faster.time.memory_bound == base.time.memory_bound  # bytes are not calibrated
+    assert 0 < k < 1 and 0 < calibration("compute_efficiency", "gpu") < 1
