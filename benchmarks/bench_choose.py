@@ -4,7 +4,9 @@ No peer computes a mesh (AXLearn and MaxText hand-write theirs), so each search 
 the unit it is made of: planning one mesh (the winner's) on the same devices and estimating
 it. Reports the search's time (median of rounds, warm: catalogue and models already read), how
 many shapes and splits it considered, how many it planned, and the cold time of a fresh process
-(imports included) for the largest case. Target: under 2 s for 8,960 chips.
+(imports included) for the largest case, in wall and CPU seconds (CPU seconds are what the
+search costs when other work shares the cores). Since issue #20 each search ranks recipes
+(remat, micro-batches, logits chunks) with the meshes. Target: under 2 s for 8,960 chips.
 
     python benchmarks/bench_choose.py [--rounds N]
 """
@@ -12,6 +14,8 @@ many shapes and splits it considered, how many it planned, and the cold time of 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,11 +39,23 @@ CASES = [
 
 
 def median_seconds(fn: Callable[[], object], rounds: int) -> float:
+    """Median wall seconds of `rounds` calls (on a loaded machine, see `cpu_seconds`)."""
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cpu_seconds(fn: Callable[[], object], rounds: int) -> float:
+    """Median CPU seconds of this process per call: what the search costs when other work
+    shares the cores (wall time then counts the waiting too)."""
+    times = []
+    for _ in range(rounds):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
     return statistics.median(times)
 
 
@@ -50,12 +66,17 @@ def measure(hardware: str, name: str, batch: int, rounds: int) -> str:
     ranking = choose_mesh(hardware, model, train)
     config = ranking[0].config
     search = median_seconds(lambda: choose_mesh(hardware, model, train), rounds)
+    cpu = cpu_seconds(lambda: choose_mesh(hardware, model, train), rounds)
     unit = median_seconds(
         lambda: estimate(config.plan(devices, selector=hardware), model, train), rounds
     )
-    winner = shape_text(ranking[0].estimate.mesh, drop_ones=True)
+    e = ranking[0].estimate
+    winner = f"{shape_text(e.mesh, drop_ones=True)} ({e.remat} x{e.microbatches}" + (
+        f" /{e.logits_chunks})" if e.logits_chunks > 1 else ")"
+    )
     return (
-        f"{hardware} | {name} | {batch} | {search:.3f} | {unit:.3f} | {ranking.considered} | "
+        f"{hardware} | {name} | {batch} | {search:.3f} | {cpu:.3f} | {unit:.3f} | "
+        f"{ranking.considered} | "
         f"{ranking.planned} | {winner}"
     )
 
@@ -65,7 +86,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     print(
-        "hardware | model | batch | choose s | one plan+estimate s | considered | planned | winner"
+        "hardware | model | batch | choose s | choose CPU s | one plan+estimate s | considered | "
+        "planned | winner (recipe)"
     )
     for case in CASES:
         print(measure(*case, args.rounds), flush=True)
@@ -76,8 +98,11 @@ def main() -> None:
     )
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True)
-    print(f"\ncold, a fresh process (imports included), 8,960 chips: "
-          f"{time.perf_counter() - start:.2f} s")  # fmt: skip
+    wall = time.perf_counter() - start
+    child = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"\ncold, a fresh process (imports included), 8,960 chips: {wall:.2f} s "
+          f"({child.ru_utime + child.ru_stime:.2f} s CPU; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")  # fmt: skip
 
 
 if __name__ == "__main__":

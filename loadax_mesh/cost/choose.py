@@ -203,21 +203,25 @@ def _fitting_recipes(
 ) -> tuple[_Priced, int | None]:
     """The recipes that fit this mesh (each with its memory terms), and the least device
     memory of those that do not (for the error when none fits). Memory falls as micro-batches
-    grow, so the fewest that fit are found by bisection."""
+    grow, so the fewest that fit are found by bisection; logits chunks change only the logits
+    term, so each remat and micro-batch count is priced once for every chunk count."""
     out: _Priced = []
     least: list[int] = []
     limit = facts.hbm_bytes * (1 - headroom)
     host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
     offloads = facts.host_memory_bytes is not None and facts.host_link_bandwidth is not None
+    priced: dict[tuple[Any, int], dict[str, int] | None] = {}  # (remat, M) -> terms at C = 1
 
-    def fits(t: TrainSpec) -> dict[str, int] | None:
-        try:
-            check_fit(model, t, r)
-        except MeshConfigError:
+    def fits(t: TrainSpec, chunks: int) -> dict[str, int] | None:
+        key = (t.remat, t.microbatches)
+        if key not in priced:
+            over = host_bytes(model, t, r, facts.tile) > host_limit
+            priced[key] = None if over else memory_terms(model, t, r, facts.tile,
+                                                         batch_across_granules=held)  # fmt: skip
+        base = priced[key]
+        if base is None:
             return None
-        if host_bytes(model, t, r, facts.tile) > host_limit:
-            return None
-        terms = memory_terms(model, t, r, facts.tile, batch_across_granules=held)
+        terms = base | {"logits": -(-base["logits"] // chunks)}
         peak = sum(terms[k] for k in phases(terms)[1])
         if peak > limit:
             least.append(peak)
@@ -225,24 +229,42 @@ def _fitting_recipes(
         return terms
 
     seen: set[tuple[Any, int, int]] = set()
+    made: dict[tuple[str, int], TrainSpec] = {}  # (remat, M) -> its TrainSpec at C = 1
+    chunks_ok: dict[int, bool] = {}
+
+    def spec(remat: Any, m: int) -> TrainSpec:
+        key = (str(remat), m)
+        if key not in made:
+            made[key] = replace(train, remat=remat, microbatches=m, logits_chunks=1)
+        return made[key]
+
     for remat, c, micro in recipe_space(train, train.global_batch // r.size("batch"), wanted):
         if not micro:
             continue
-        first = replace(train, remat=remat, microbatches=micro[0], logits_chunks=c)
+        first = spec(remat, micro[0])
         if "offload" in first.placements.values() and not offloads:
             continue  # the catalogue cannot judge an offload on this hardware
+        if c not in chunks_ok:
+            try:
+                check_fit(model, replace(first, logits_chunks=c), r)
+                chunks_ok[c] = True
+            except MeshConfigError:  # the chunks do not divide a device's tokens
+                chunks_ok[c] = False
+        if not chunks_ok[c]:
+            continue
         lo, hi, found = 0, len(micro) - 1, None
         while lo <= hi:
             mid = (lo + hi) // 2
-            t = first if mid == 0 else replace(first, microbatches=micro[mid])
-            terms = fits(t)
+            t = spec(remat, micro[mid])
+            terms = fits(t, c)
             if terms is None:
                 lo = mid + 1
             else:
                 found, hi = (t, terms), mid - 1
-        if found is not None and (remat_key := (first.remat, c, found[0].microbatches)) not in seen:
-            seen.add(remat_key)
-            out.append(found)
+        if found is None or (first.remat, c, found[0].microbatches) in seen:
+            continue
+        seen.add((first.remat, c, found[0].microbatches))
+        out.append((replace(found[0], logits_chunks=c), found[1]))
     return out, min(least, default=None)
 
 

@@ -176,6 +176,7 @@ def _kept(train: TrainSpec, found: dict[str, tuple[tuple[int, ...], int]], where
     )
 
 
+@lru_cache(maxsize=8192)
 def layer_bytes(
     model: ModelSpec,
     train: TrainSpec,
@@ -202,6 +203,7 @@ def layer_bytes(
     )
 
 
+@lru_cache(maxsize=8192)
 def working_bytes(
     model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, tile: tuple[int, int] | None
 ) -> int:
