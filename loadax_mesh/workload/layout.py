@@ -132,12 +132,28 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]
 
 
 def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
-    """Every sharded dim divides by its axis, and the global batch by the batch degree."""
+    """Every sharded dim divides by its axis, the global batch by the batch degree, and the
+    recipe's slices by what they slice: micro-batches each device's rows, logits chunks each
+    device's slice of the sequence."""
     batch = r.size("batch")
     if train.global_batch % batch:
         raise MeshConfigError(
             f"global_batch={train.global_batch} does not divide by the data-parallel degree "
             f"{batch} (batch axes {', '.join(r.batch)}); accepted: a positive multiple of {batch}"
+        )
+    rows = train.global_batch // batch
+    if rows % train.microbatches:
+        raise MeshConfigError(
+            f"microbatches={train.microbatches} does not divide the per-replica batch {rows} "
+            f"(global_batch {train.global_batch} over the data-parallel degree {batch}); "
+            f"accepted: a divisor of {rows}"
+        )
+    tokens = model.seq_len // r.size("seq") if model.seq_len % r.size("seq") == 0 else None
+    if tokens is not None and tokens % train.logits_chunks:
+        raise MeshConfigError(
+            f"logits_chunks={train.logits_chunks} does not divide a device's slice of the "
+            f"sequence, {tokens} tokens (seq_len {model.seq_len} over the sequence degree "
+            f"{r.size('seq')}); accepted: a divisor of {tokens}"
         )
     dims = {
         "model": (

@@ -1,7 +1,9 @@
 """The reference training step in plain jax: a decoder-only LM (DESIGN.md section 7).
 
 Embedding, RMSNorm, grouped-query attention with a causal mask and rotary positions, SwiGLU
-MLP, layers under `lax.scan` with a remat policy, cross-entropy in float32, Adam. Parameters,
+MLP, layers under `lax.scan` with a remat policy, cross-entropy in float32, Adam, and the
+recipe of TrainSpec: each named tensor of a layer recomputed, saved on the device or offloaded
+to host memory; gradients accumulated over micro-batches; the loss over chunks. Parameters,
 Adam moments and activations are sharded by the logical rules of `layout`. Inputs can be
 `jax.ShapeDtypeStruct`s (to compile for thousands of devices without allocating) or real
 arrays (to train on this machine's devices).
@@ -16,11 +18,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .attention import attention
 from .layout import Roles, check_fit, param_shapes, roles
+from .loss import cross_entropy_loss
 from .spec import ModelSpec, TrainSpec
 
 _BETAS = (0.9, 0.95)
@@ -118,7 +122,7 @@ class Step:
     # -- the computation ----------------------------------------------------------------------
 
     def _step(self, params: Params, opt: Params, batch: Params) -> tuple[Params, Params, Any]:
-        loss, grads = jax.value_and_grad(self.loss)(params, batch)
+        loss, grads = self._gradients(params, batch)
         count = opt["count"] + 1
         b1, b2 = _BETAS
         odt = jnp.dtype(self.train.opt_state_dtype)
@@ -129,6 +133,42 @@ class Step:
             k: (p - lr * m[k] / (jnp.sqrt(v[k]) + _EPS)).astype(p.dtype) for k, p in params.items()
         }
         return new, {"m": m, "v": v, "count": count}, loss
+
+    def _gradients(self, params: Params, batch: Params) -> tuple[jax.Array, Params]:
+        """Loss and gradients of the step's batch; with `microbatches` M > 1, a scan over M
+        slices of it with the gradients summed in float32 (the mean over slices of equal
+        size is the batch's mean). Each device keeps its own rows: row i of a device's block
+        goes to micro-batch i % M, so slicing moves no data between devices."""
+        m = self.train.microbatches
+        if m == 1:
+            return jax.value_and_grad(self.loss)(params, batch)
+        split = self.spec((None, "batch", "seq"))
+
+        def slices(a: jax.Array) -> jax.Array:
+            b, s = a.shape
+            return jax.lax.with_sharding_constraint(
+                jnp.moveaxis(a.reshape(b // m, m, s), 1, 0), split
+            )
+
+        f32 = {k: NamedSharding(self.mesh, v.spec) for k, v in self.param_shardings.items()}
+
+        def one(carry: tuple[jax.Array, Params], micro: Params) -> tuple[Any, None]:
+            total, acc = carry
+            loss, grads = jax.value_and_grad(self.loss)(params, micro)
+            acc = {
+                k: jax.lax.with_sharding_constraint(acc[k] + g.astype(jnp.float32), f32[k])
+                for k, g in grads.items()
+            }
+            return (total + loss, acc), None
+
+        zeros = {
+            k: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), f32[k])
+            for k, p in params.items()
+        }
+        micro = {k: slices(v) for k, v in batch.items()}
+        (total, acc), _ = jax.lax.scan(one, (jnp.zeros((), jnp.float32), zeros), micro)
+        grads = {k: (g / m).astype(params[k].dtype) for k, g in acc.items()}
+        return total / m, grads
 
     def loss(self, params: Params, batch: Params) -> jax.Array:
         """Mean next-token cross-entropy (float32) over the batch."""
@@ -143,35 +183,71 @@ class Step:
         x = jax.lax.with_sharding_constraint(x, act)
         layers = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
         layer: Callable[..., Any] = partial(self._layer, act=act)
-        if self.train.remat != "none":
-            layer = jax.checkpoint(layer, policy=_POLICIES[self.train.remat_text]())
+        policy = remat_policy(self.train)
+        if policy is not None:
+            layer = jax.checkpoint(layer, policy=policy)
         x, _ = jax.lax.scan(layer, x, layers)
         x = _rms_norm(x, params["final_norm"])
         unembed = params["embed"].T if self.model.tied_embeddings else params["unembed"]
-        logits = jnp.einsum("bsd,dv->bsv", x, unembed.astype(cdt))
-        logits = jax.lax.with_sharding_constraint(logits, self.spec(("batch", "seq", "vocab")))
-        return jnp.mean(_cross_entropy(logits, batch["targets"]))
+        return cross_entropy_loss(
+            x,
+            unembed.astype(cdt),
+            batch["targets"],
+            chunks=self.train.logits_chunks,
+            logits_sharding=self.spec(("batch", "seq", "vocab")),
+            chunk_sharding=(
+                self.spec((None, "batch", "seq", None)),
+                self.spec((None, "batch", "seq")),
+            ),
+        )
 
     def _layer(self, x: jax.Array, p: Params, *, act: NamedSharding) -> tuple[jax.Array, None]:
         cdt = x.dtype
+        # The layer's input named inside the checkpointed function: a policy may then offload
+        # it (MaxText's decoder_layer_input); everything below reads the named value.
+        x = checkpoint_name(x, "layer_input")
         h = _rms_norm(x, p["attn_norm"])
-        q, k, v = (jnp.einsum("bsd,dhk->bshk", h, p[w].astype(cdt)) for w in ("wq", "wk", "wv"))
+        q, k, v = (
+            checkpoint_name(jnp.einsum("bsd,dhk->bshk", h, p[w].astype(cdt)), name)
+            for w, name in (("wq", "query"), ("wk", "key"), ("wv", "value"))
+        )
         sin, cos = _rotary(self.model.seq_len, self.model.head_dim)
         q, k = _rotate(q, sin, cos), _rotate(k, sin, cos)
         o = attention(q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles)
-        x = x + jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt))
-        x = jax.lax.with_sharding_constraint(x, act)
+        o = checkpoint_name(o, "attention_out")
+        out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
+        x = jax.lax.with_sharding_constraint(x + out, act)
         h = _rms_norm(x, p["mlp_norm"])
-        gate = jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt))
-        up = jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt))
-        x = x + jnp.einsum("bsf,fd->bsd", jax.nn.silu(gate) * up, p["w_down"].astype(cdt))
+        gate = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt)), "mlp_in")
+        up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
+        down = jnp.einsum("bsf,fd->bsd", jax.nn.silu(gate) * up, p["w_down"].astype(cdt))
+        x = x + checkpoint_name(down, "mlp_out")
         return jax.lax.with_sharding_constraint(x, act), None
 
 
-_POLICIES: dict[str, Callable[[], Any]] = {
-    "full": lambda: jax.checkpoint_policies.nothing_saveable,
-    "dots": lambda: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+def remat_policy(train: TrainSpec) -> Any:
+    """The layer's checkpoint policy, None for no checkpoint ("none": everything saved).
+
+    "full" and "dots" keep jax's own policies (nothing saved inside the layer; matmul outputs
+    without batch dims saved), against which the memory model was calibrated; they save what
+    the per-tensor form of their placements would. Any other placement (a mapping, or
+    "offload") saves its "device" tensors in HBM and moves its "offload" ones to host memory
+    (`pinned_host`) for the backward pass; the rest is recomputed.
+    """
+    policies = jax.checkpoint_policies
+    if train.remat == "none":
+        return None
+    if train.remat == "full":
+        return policies.nothing_saveable
+    if train.remat == "dots":
+        return policies.dots_with_no_batch_dims_saveable
+    where = train.placements
+    return policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[t for t, p in where.items() if p == "device"],
+        names_which_can_be_offloaded=[t for t, p in where.items() if p == "offload"],
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
 
 
 def make_step(mesh: Mesh, model: ModelSpec, train: TrainSpec, *, batch_axes: Any) -> Step:
@@ -180,33 +256,6 @@ def make_step(mesh: Mesh, model: ModelSpec, train: TrainSpec, *, batch_axes: Any
     r = roles(tuple(mesh.shape.items()), names)
     check_fit(model, train, r)
     return Step(mesh, model, train, r)
-
-
-@jax.custom_vjp
-def _cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Per-token cross-entropy in float32 over logits kept in the compute dtype: the backward
-    pass recomputes the softmax from them instead of saving a float32 copy (as fused
-    cross-entropy kernels do), so the logits cost their compute dtype once, not twice."""
-    return _cross_entropy_fwd(logits, targets)[0]
-
-
-def _cross_entropy_fwd(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, Any]:
-    # Each reduction widens the logits itself, so no float32 copy of them is kept.
-    top = jnp.max(logits, axis=-1).astype(jnp.float32)
-    total = jnp.sum(jnp.exp(logits.astype(jnp.float32) - top[..., None]), axis=-1)
-    lse = top + jnp.log(total)
-    target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return lse - target.astype(jnp.float32), (logits, lse, targets)
-
-
-def _cross_entropy_bwd(res: Any, g: jax.Array) -> tuple[jax.Array, None]:
-    logits, lse, targets = res
-    probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
-    hot = jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32)
-    return ((probs - hot) * g[..., None]).astype(logits.dtype), None
-
-
-_cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 
 
 def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
