@@ -96,3 +96,32 @@ def test_auto_flags_narrow_the_search_and_estimate_runs_the_winner(capsys):
     assert data["microbatches"] == best[0].train.microbatches
     code, out, _ = run(capsys, *argv, "--global-batch", "16", "--microbatches", "2")
     assert code == 0 and "microbatches 2" in out and "(--remat, --logits-chunks searched)" in out
+
+
+def test_compile_takes_the_recipe_flags(capsys, monkeypatch):
+    from loadax_mesh.compiler import report
+
+    seen = []
+
+    def fake(plan, model, train):  # the compile itself is tested in tests/compiler
+        seen.append(train)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(report, "compile_step", fake)
+    argv = ["compile", "tpu-v5p-16", "--strategy", "fsdp", "--model", "tiny"]
+    flags = ["--remat", "layer_input=offload,mlp_in=device", "--microbatches", "2"]
+    code, _, _ = run(capsys, *argv, "--global-batch", "16", *flags, "--logits-chunks", "4")
+    assert code == 0 and len(seen) == 1
+    t = seen[0]
+    assert (t.remat_text, t.microbatches, t.logits_chunks) == (
+        "layer_input=offload,mlp_in=device",
+        2,
+        4,
+    )
+    # --strategy auto: the winner's recipe is what compiles
+    code, _, _ = run(capsys, "compile", "tpu-v5p-16", "--strategy", "auto", "--model", "tiny",
+                     "--global-batch", "16", "--remat", "dots")  # fmt: skip
+    best = choose_mesh(
+        "tpu-v5p-16", "tiny", TrainSpec(global_batch=16), recipes=[{"remat": "dots"}]
+    )
+    assert code == 0 and seen[1] == best[0].train
