@@ -1,11 +1,13 @@
 """Compile the reference step for a plan and report what the compiler says (DESIGN.md sec. 7).
 
 Memory per device from `memory_analysis()`, fit against the catalogue's HBM (on GPU the pool
-jax's client preallocates), FLOPs per step (flops.py: XLA's own cost analysis with loop bodies
-counted once per trip, cuDNN attention counted from its shapes), and every collective of the
-optimised HLO with its bytes, how often a step runs it, the mesh axes its groups span and how
-many of its bytes cross hosts and granules (host_split.py). On libtpu's or XLA's CUDA client's
-compile-only devices this is the real TPU or GPU compiler, on a machine without either.
+jax's client preallocates) and, for buffers a remat policy offloads, host memory against the
+catalogue's host memory per device; FLOPs per step (flops.py: XLA's own cost analysis with
+loop bodies counted once per trip, cuDNN attention counted from its shapes), and every
+collective of the optimised HLO with its bytes, how often a step runs it, the mesh axes its
+groups span and how many of its bytes cross hosts and granules (host_split.py). On libtpu's or
+XLA's CUDA client's compile-only devices this is the real TPU or GPU compiler, on a machine
+without either.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..hardware.catalogue import host_memory_per_device
 from ..hardware.gpu_targets import device_hbm
 from .flops import step_flops
 from .hlo import Collective, HloText, collectives
@@ -76,6 +79,12 @@ class CompileReport:
     collectives: tuple[CollectiveItem, ...]
     message: str | None = None  # the compiler's refusal, when it refused
     squeezed_bytes: int | None = None  # on refusal: after the compiler's own extra remat
+    # Host memory (offloaded activations): host argument + output + temp - alias per device
+    # from memory_analysis(), and what the catalogue gives a device of its host's memory.
+    host_bytes: int | None = None
+    host_memory_bytes: int | None = None
+    microbatches: int = 1
+    logits_chunks: int = 1
 
     def bytes_across(self) -> dict[str, int | None]:
         """Collective bytes per step: in all, inside hosts, across hosts and across granules
@@ -117,6 +126,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     platform = mesh.devices.flat[0].platform
     spec = catalogue_spec(plan.hardware)
     hbm = device_hbm(spec.type) if spec is not None else None
+    host = host_memory_per_device(spec.type) if spec is not None else None
     common = dict(
         hardware=plan.hardware,
         mesh=dict(mesh.shape),
@@ -125,6 +135,9 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         remat=train.remat_text,
         attention=implementation(train.attention, platform),
         hbm_bytes=None if hbm is None else int(hbm),
+        host_memory_bytes=None if host is None else int(host),
+        microbatches=train.microbatches,
+        logits_chunks=train.logits_chunks,
     )
     start = time.perf_counter()
     lowered = step.fn.lower(*step.abstract_args())
@@ -154,6 +167,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     total = held_bytes(memory)
+    on_host = host_held_bytes(memory)
     hlo = HloText(compiled.as_text())
     shape = dict(mesh.shape)
     order = plan.layout.index.reshape(-1)  # mesh order, as indices into the device table
@@ -178,9 +192,10 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         temp_bytes=memory.temp_size_in_bytes,
         alias_bytes=memory.alias_size_in_bytes,
         total_bytes=total,
-        fits=None if hbm is None else total <= hbm,
+        fits=_fits(total, hbm, on_host, host),
         flops=step_flops(compiled, hlo),
         collectives=items,
+        host_bytes=on_host,
     )
 
 
@@ -193,6 +208,27 @@ def held_bytes(memory: Any) -> int:
         + memory.temp_size_in_bytes
         - memory.alias_size_in_bytes
     )
+
+
+def host_held_bytes(memory: Any) -> int:
+    """What a compiled program holds in host memory (buffers offloaded to `pinned_host`), from
+    the host fields of its `memory_analysis()`, counted as `held_bytes` counts the device's."""
+    return int(
+        memory.host_argument_size_in_bytes
+        + memory.host_output_size_in_bytes
+        + memory.host_temp_size_in_bytes
+        - memory.host_alias_size_in_bytes
+    )
+
+
+def _fits(device: int, hbm: float | None, host: int, host_memory: float | None) -> bool | None:
+    """Both memories judged: False if either is over, None if one that is used is unknown."""
+    verdicts = [None if hbm is None else device <= hbm]
+    if host:
+        verdicts.append(None if host_memory is None else host <= host_memory)
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True
 
 
 def _per_step(parts: list[tuple[int | None, int]]) -> int | None:
