@@ -27,10 +27,11 @@ PREFIX = "loadax-mesh launch"
 # The children start through this wrapper (Linux): it asks the kernel to SIGKILL it when the
 # launcher dies, however the launcher dies (PR_SET_PDEATHSIG, kept across exec), then execs the
 # command. Setting that in the child itself, instead of in a `preexec_fn`, keeps the launcher
-# from forking: a `preexec_fn` makes subprocess fork the whole (threaded, perhaps jax-importing)
-# parent, which jax warns about with a RuntimeWarning; without one, subprocess uses vfork/
-# posix_spawn. If the launcher died before the signal was set, the wrapper's parent is no
-# longer it, and the wrapper exits.
+# from running Python in a forked copy of itself: with a `preexec_fn`, subprocess runs the
+# interpreter's at-fork hooks and Python code between fork and exec in a copy of the whole
+# (threaded, perhaps jax-using) parent, and jax's at-fork hook warns with a RuntimeWarning;
+# without one, the child is made (vfork or fork) and exec'd in C, no hook runs. If the launcher
+# died before the signal was set, the wrapper's parent is no longer it, and the wrapper exits.
 _WRAPPER = """
 import ctypes, os, signal, sys
 try:
