@@ -31,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from production_runs import RUNS
 
 from loadax_mesh import MeshConfig
+from loadax_mesh.hardware.catalogue import host_memory_per_device
+from loadax_mesh.hardware.gpu_targets import device_memory
+from loadax_mesh.hardware.strings import catalogue_spec
 from loadax_mesh.hardware.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
@@ -83,9 +86,18 @@ def main() -> None:
         pdbs = run["compile_batch"] // _devices(r["mesh"])
         seq = ModelSpec.from_name(run["model"]).seq_len
         device = f"{_gb(r['total_bytes'])} / {_gb(r['hbm_bytes'])}"
+        fits = str(r["fits"])
+        own = _own_pool(run)
+        if own is not None:  # judged also against the pool the run's script set
+            device += f" ({_gb(own)} at its {run['gpu_mem_fraction']})"
+            fits += f" ({r['total_bytes'] <= own} at its pool)"
         if r.get("squeezed_bytes") is not None:
             device += f" (refused; squeezed to {_gb(r['squeezed_bytes'])})"
-        host = f"{_gb(r.get('host_bytes'))} / {_gb(r.get('host_memory_bytes'))}"
+        # The host memory of the run's own machine type: the report names hardware by what
+        # the planner detects from the devices (A3's H100s read as p5.48xlarge).
+        spec = catalogue_spec(run["compile_hardware"])
+        have = None if spec is None else host_memory_per_device(spec.type)
+        host = f"{_gb(r.get('host_bytes'))} / {_gb(None if have is None else int(have))}"
         cells = [
             run["name"],
             run["compile_hardware"],
@@ -95,7 +107,7 @@ def main() -> None:
             train.param_dtype,
             device,
             host,
-            str(r["fits"]),
+            fits,
             f"{r['compile_seconds']:.0f}",
         ]
         rows.append(cells)
@@ -107,6 +119,17 @@ def main() -> None:
         print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
         for cells in rows:
             print("| " + " | ".join(cells) + " |")
+
+
+def _own_pool(run: dict[str, Any]) -> int | None:
+    """The GPU memory jax's client could take in the run itself (its script's fraction of the
+    GPU's memory), None where the run sets none."""
+    fraction = run.get("gpu_mem_fraction")
+    spec = catalogue_spec(run["compile_hardware"])
+    if fraction is None or spec is None:
+        return None
+    total = device_memory(spec.type.device_kind)
+    return None if total is None else int(fraction * total)
 
 
 def _devices(mesh: dict[str, int]) -> int:

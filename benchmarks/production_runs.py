@@ -7,17 +7,19 @@ hardware to compile; else the same); `model` (configs/models/<model>.toml); `pre
 `overrides` (MeshConfig.from_preset(preset, **overrides)); `train` (TrainSpec keyword
 arguments; `global_batch` for `hardware`) and `compile_batch` (for `compile_hardware`);
 `step_seconds` and `tflops_per_device` as logged (None where the source gives none); `source`;
-`notes` (what of the recipe this project's step does not express).
+`notes` (what of the recipe this project's step does not express); GPU runs also
+`gpu_mem_fraction`, the share of GPU memory the run's script let jax's client take.
 
 LLaMA-3.1 8B and 70B have LLaMA-3's shapes (configs/models/llama3-8b.toml, llama3-70b.toml,
 both seq 8192, as the runs' max_target_length). MaxText's custom remat names map onto a
 layer's tensors: decoder_layer_input -> layer_input, query_proj / key_proj / value_proj ->
 query / key / value, out_proj -> out_proj; names not set stay recomputed ("remat"), MaxText's
 default for a custom policy. Its `minimal_flash` saves the matmul outputs (dots without batch
-dims) and the attention output (`context`): every named tensor on the device, which TrainSpec
-names "none". None of these runs accumulates gradients or tiles the vocabulary (MaxText's
-defaults: gradient_accumulation_steps 1, num_vocab_tiling 1), so `microbatches` and
-`logits_chunks` stay 1. MaxText's default weights are float32, Adam moments float32; the one
+dims) and the attention output (`context`): every named tensor on the device, the rest
+recomputed (kept as pairs, not TrainSpec's "none", which checkpoints nothing). None of these
+runs accumulates gradients or tiles the vocabulary (MaxText's defaults:
+gradient_accumulation_steps 1, num_vocab_tiling 1), so `microbatches` and `logits_chunks`
+stay 1. MaxText's default weights are float32, Adam moments float32; the one
 run with `weight_dtype: bfloat16` (70B on v6e-32) is taken to keep its Adam moments in
 bfloat16 too (optax infers them from the parameters' dtype unless told otherwise): assumed,
 not read in that run's source.
@@ -32,10 +34,11 @@ _TR = (
     "{model}-MaxText/{slice}/README.md (tuning_params; step line logged there)"
 )
 _MA3 = (
-    "https://github.com/AI-Hypercomputer/maxtext src/maxtext/configs/gpu/a3/llama_2_7b/"
-    "{n}vm.sh (dcn_data_parallelism={n}, ici_fsdp_parallelism=8) and README.md there "
-    "(remat_policy minimal_flash, cuDNN flash attention, per_device_batch_size 4, "
-    "max_target_length 4096)"
+    "https://github.com/AI-Hypercomputer/maxtext/blob/78daad198544def8274dbd656d122fbe6a0e1129/"
+    "MaxText/configs/a3/llama_2_7b/{n}vm.sh (ici_fsdp_parallelism=8, dcn_data_parallelism={n}, "
+    "per_device_batch_size=4, max_target_length=4096, remat_policy=minimal_flash, "
+    "attention=cudnn_flash_te, scan_layers=false, XLA_PYTHON_CLIENT_MEM_FRACTION=0.85); "
+    "TFLOP/s per chip from README.md there"
 )
 # tpu-recipes' custom policies (remat_policy=custom).
 OFFLOAD_8B = {
@@ -91,9 +94,13 @@ def _a3(hosts: int, tflops: float) -> dict:
         "compile_batch": 32,
         "step_seconds": None,
         "tflops_per_device": tflops,
+        # The share of GPU memory jax's client preallocated in the run (its script), where the
+        # catalogue's default is jax's 0.75.
+        "gpu_mem_fraction": 0.85,
         "source": _MA3.format(n=hosts),
-        "notes": "XLA flags: latency-hiding scheduler, pipelined collectives, XLA's own "
-        "rematerialization pass disabled",
+        "notes": "layers not scanned (scan_layers=false; this step scans them); XLA flags: "
+        "latency-hiding scheduler, pipelined collectives, XLA's own rematerialization pass "
+        "disabled",
     }
 
 

@@ -37,6 +37,11 @@ POLICIES: dict[str, dict[str, str]] = {
     "offload": {t: "offload" if t == "layer_input" else "recompute" for t in TENSORS},
 }
 REMAT = tuple(POLICIES)
+# The policies a mapping is stored as when it places every tensor as they do: the step compiles
+# the same program for both. Not "none": that is no checkpoint at all, which also keeps every
+# unnamed intermediate (norms, rotated q and k, the gated product); a mapping with every named
+# tensor on the device (MaxText's minimal_flash) recomputes those.
+_SAME_STEP = ("full", "dots", "offload")
 ATTENTION = ("flash", "plain")
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -196,8 +201,9 @@ class TrainSpec:
     "device" (saved in HBM) or "offload" (saved in host memory). A policy name is a shorthand:
     "full" saves only the layer input, "dots" also the matmul outputs, "none" everything,
     "offload" the layer input in host memory. A mapping names some tensors (the rest are
-    recomputed, the layer input kept on the device) and is stored as the policy name it equals,
-    or else as (tensor, placement) pairs for every tensor. `microbatches`: gradient
+    recomputed, the layer input kept on the device) and is stored as the policy name it equals
+    (except "none", which checkpoints nothing, unnamed intermediates included), or else as
+    (tensor, placement) pairs for every tensor. `microbatches`: gradient
     accumulation, the step's batch run in that many sequential slices, gradients summed.
     `logits_chunks`: the loss computed over that many slices of the tokens, so the
     [tokens, vocab] logits never exist whole.
@@ -221,7 +227,11 @@ class TrainSpec:
                     f"{name}={getattr(self, name)!r}; accepted: {', '.join(DTYPES)}"
                 )
         pairs = _placements(dict(self.remat) if isinstance(self.remat, tuple) else self.remat)
-        named = [n for n, p in POLICIES.items() if tuple(p.items()) == pairs]
+        named = [
+            n
+            for n, p in POLICIES.items()
+            if tuple(p.items()) == pairs and (n in _SAME_STEP or isinstance(self.remat, str))
+        ]
         object.__setattr__(self, "remat", named[0] if named else pairs)
         _positive(self.microbatches, "microbatches")
         _positive(self.logits_chunks, "logits_chunks")

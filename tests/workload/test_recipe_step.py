@@ -9,6 +9,7 @@ import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError
 from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload.spec import TENSORS
 from loadax_mesh.workload.step import make_step, remat_policy
 
 TINY = ModelSpec.from_name("tiny")
@@ -45,6 +46,7 @@ def reference():
     [
         {"remat": "offload"},
         {"remat": {"layer_input": "offload", "query": "offload", "out_proj": "device"}},
+        {"remat": dict.fromkeys(TENSORS, "device")},
         {"microbatches": 2},
         {"microbatches": 4},
         {"logits_chunks": 2},
@@ -54,7 +56,7 @@ def reference():
             "logits_chunks": 4,
         },
     ],
-    ids=["offload", "mapping", "micro2", "micro4", "chunks2", "combined"],
+    ids=["offload", "mapping", "all-device", "micro2", "micro4", "chunks2", "combined"],
 )
 def test_each_recipe_trains_like_the_plain_step_on_one_device(reference, recipe):
     plan = MeshConfig(*MESH).plan()
@@ -78,6 +80,8 @@ def test_policies():
     dots = TrainSpec(global_batch=8, remat="dots")
     assert remat_policy(dots) is cp.dots_with_no_batch_dims_saveable
     assert callable(remat_policy(TrainSpec(global_batch=8, remat="offload")))
+    # Every named tensor saved is a checkpointed layer, not "none"'s no checkpoint.
+    assert callable(remat_policy(TrainSpec(global_batch=8, remat=dict.fromkeys(TENSORS, "device"))))
 
 
 @pytest.mark.parametrize(
