@@ -50,3 +50,31 @@ def test_offloaded_tensors_are_host_bytes_and_leave_hbm(reports):
     )
     data = offload.to_dict()
     assert data["host_bytes"] == offload.host_bytes and data["microbatches"] == 1
+
+
+def test_host_memory_per_device_from_the_catalogue():
+    """A host's (TPU: a multi-host slice's VM's) memory over the devices it serves; None where
+    the catalogue does not know it."""
+    from loadax_mesh.hardware.catalogue import catalogue, host_memory_per_device
+
+    cat = catalogue()
+    per_device = {k: host_memory_per_device(cat.get(p, k)) for p, k in (
+        ("tpu", "v6e"), ("tpu", "v5p"), ("tpu", "7x"), ("gpu", "a3-highgpu-8g"),
+        ("gpu", "p5.48xlarge"), ("tpu", "v4"), ("cpu", "cpu"),
+    )}  # fmt: skip
+    assert per_device["v6e"] == 720e9 / 4 and per_device["v5p"] == 448e9 / 4
+    assert per_device["7x"] == 960e9 / 8  # 4 chips of 2 devices
+    assert per_device["a3-highgpu-8g"] == 1872e9 / 8
+    assert per_device["p5.48xlarge"] == 2048 * 2**30 / 8
+    assert per_device["v4"] is None and per_device["cpu"] is None
+
+
+def test_fits_is_judged_on_both_memories():
+    from loadax_mesh.compiler.report import _fits
+
+    assert _fits(10, 20, 0, None) is True  # nothing offloaded: host memory not needed
+    assert _fits(10, 20, 5, 8) is True
+    assert _fits(10, 20, 9, 8) is False
+    assert _fits(30, 20, 5, 8) is False
+    assert _fits(10, 20, 5, None) is None  # offloaded, host memory unknown
+    assert _fits(30, 20, 5, None) is False
