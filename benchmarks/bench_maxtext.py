@@ -1,0 +1,175 @@
+"""MaxText's own compiler referees the MaxText export.
+
+For each case: plan on libtpu's compile-only devices, compile the reference step
+(`compile_step`), export the plan and recipe with `MeshPlan.to_maxtext`, and run MaxText's
+`train_compile` with exactly those keys (plus `compile_topology`). Printed per case: our memory
+per device and MaxText's (argument + output + temp - alias from `memory_analysis()`, and the
+host bytes of an offload recipe), their ratio and whether both fit. Target: MaxText compiles
+every export, fits where `compile_step` says it fits, and its memory is within 25% of ours.
+
+MaxText is not part of this project: install it outside the repository in a venv of its own
+(shared/facts/maxtext_reference.md) and give its source and python:
+
+    python benchmarks/bench_maxtext.py --maxtext /work/maxtext_env/maxtext \\
+        --python /work/maxtext_env/venv/bin/python [--only SUBSTRING] [--markdown]
+
+libtpu holds a machine-wide lock, so every compile runs in a child process of its own, one at a
+time; a child that finds the lock taken is retried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# (hardware, preset, model, global batch, recipe as TrainSpec keywords)
+CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
+    ("tpu-v5p-64-2", "fsdp", "llama3-8b", 64, {}),  # multislice: data over DCN x fsdp 32
+    ("tpu-v5p-128", "fsdp_tp", "llama3-8b", 64, {}),  # tensor parallel 4
+    ("tpu-v5p-128", "fsdp", "llama3-8b", 64, {"remat": "offload"}),  # layer inputs on host
+    ("tpu-v5p-128", "fsdp", "llama3-8b", 128, {"microbatches": 2, "logits_chunks": 4}),
+]
+TARGET = 0.25
+LOCKED = ("TPU in use", "lockfile", "libtpu_lockfile", "Resource busy")
+
+OURS = """
+import json, os, sys
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from loadax_mesh import MeshConfig, topology_devices, compile_step
+from loadax_mesh.workload import ModelSpec, TrainSpec
+hw, preset, model, batch, recipe = json.loads(sys.argv[1])
+plan = MeshConfig.from_preset(preset).plan(topology_devices(hw), selector=hw)
+spec, train = ModelSpec.from_name(model), TrainSpec(global_batch=batch, **recipe)
+config = plan.to_maxtext(train, model=spec)
+report = compile_step(plan, spec, train)
+print("RESULT " + json.dumps({
+    "args": config.args(), "notes": list(config.notes), "order": config.order.lines("MaxText"),
+    "total": report.total_bytes, "host": report.host_bytes, "fits": report.fits,
+    "hbm": report.hbm_bytes, "seconds": report.compile_seconds,
+}))
+"""
+
+
+def _run(cmd: list[str], cwd: str | None, env: dict[str, str], tries: int = 20) -> str:
+    """Run a compile child; wait and retry while another process holds libtpu's lock."""
+    for _ in range(tries):
+        done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+        out = done.stdout + done.stderr
+        if done.returncode == 0:
+            return out
+        if not any(s in out for s in LOCKED):
+            raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{out[-4000:]}")
+        time.sleep(30)
+    raise RuntimeError("libtpu stayed locked by another process")
+
+
+def topology(hardware: str) -> tuple[str, int]:
+    """MaxText's compile_topology and slice count for a catalogue TPU string."""
+    m = re.fullmatch(r"tpu-(v5litepod|v5p|v6e|v4)-(\d+)(?:-(\d+))?", hardware)
+    if m is None:
+        raise SystemExit(f"{hardware}: no MaxText compile_topology for it")
+    kind = {"v5litepod": "v5e"}.get(m[1], m[1])
+    return f"{kind}-{m[2]}", int(m[3] or 1)
+
+
+def maxtext_memory(out: str) -> dict[str, int]:
+    """The CompiledMemoryStats line train_compile prints, as numbers."""
+    line = re.search(r"Memory analysis: CompiledMemoryStats\((.*)\)", out)
+    if line is None:
+        raise RuntimeError(f"no memory analysis in MaxText's output:\n{out[-3000:]}")
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line[1])}
+
+
+def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any]:
+    hw = case[0]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    ours_out = _run([sys.executable, "-c", OURS, json.dumps(case)], None, env)
+    ours = json.loads(ours_out.split("RESULT ", 1)[1].splitlines()[0])
+    name, slices = topology(hw)
+    cmd = [
+        python,
+        "-m",
+        "maxtext.trainers.pre_train.train_compile",
+        "src/maxtext/configs/base.yml",
+        *ours["args"],
+        f"compile_topology={name}",
+        f"compile_topology_num_slices={slices}",
+        "jax_cache_dir=",
+        "run_name=bench_maxtext",
+        "dump_hlo=false",
+    ]
+    start = time.perf_counter()
+    out = _run(cmd, str(maxtext), env)
+    stats = maxtext_memory(out)
+    theirs = (
+        stats["argument_size_in_bytes"]
+        + stats["output_size_in_bytes"]
+        + stats["temp_size_in_bytes"]
+        - stats["alias_size_in_bytes"]
+    )
+    return {
+        "case": case,
+        "ours": ours,
+        "maxtext_total": theirs,
+        "maxtext_host": stats.get("host_temp_size_in_bytes", 0),
+        "maxtext_fits": theirs <= ours["hbm"],
+        "maxtext_seconds": time.perf_counter() - start,
+    }
+
+
+def row(r: dict[str, Any]) -> list[str]:
+    hw, preset, model, batch, recipe = r["case"]
+    o = r["ours"]
+    ratio = r["maxtext_total"] / o["total"]
+    recipe_text = ",".join(f"{k}={v}" for k, v in recipe.items()) or "full"
+    host = f"{(o['host'] or 0) / 1e9:.2f} / {r['maxtext_host'] / 1e9:.2f}"
+    ok = abs(ratio - 1) <= TARGET and o["fits"] == r["maxtext_fits"]
+    return [
+        f"{hw} {preset}",
+        f"{model} x{batch}",
+        recipe_text,
+        f"{o['total'] / 1e9:.2f}",
+        f"{r['maxtext_total'] / 1e9:.2f}",
+        f"{ratio:.2f}",
+        host,
+        f"{o['fits']}/{r['maxtext_fits']}",
+        "ok" if ok else "MISS",
+    ]
+
+
+HEAD = ["plan", "model x batch", "recipe", "ours GB", "MaxText GB", "ratio", "host GB o/M",
+        "fits o/M", ""]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--maxtext", required=True, help="MaxText's source (holds src/maxtext)")
+    parser.add_argument("--python", required=True, help="the python of MaxText's venv")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    maxtext = Path(args.maxtext)
+    if not (maxtext / "src/maxtext/configs/base.yml").exists():
+        raise SystemExit(f"--maxtext {maxtext}: no src/maxtext/configs/base.yml there")
+    rows = [HEAD]
+    for case in CASES:
+        if args.only not in f"{case[0]} {case[1]} {case[4]}":
+            continue
+        r = run_case(case, maxtext, args.python)
+        rows.append(row(r))
+        print(" | ".join(rows[-1]), flush=True)
+        for line in [*r["ours"]["order"], " ".join(r["ours"]["args"])]:
+            print(f"    {line}", flush=True)
+    if args.markdown:
+        print("\n".join("| " + " | ".join(x) + " |" for x in [rows[0], ["---"] * 9, *rows[1:]]))
+
+
+if __name__ == "__main__":
+    main()
