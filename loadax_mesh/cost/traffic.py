@@ -5,7 +5,9 @@ buffer over the group (all-gather's result, reduce-scatter's input, the others' 
 device and per step. What each role's axis carries:
 - FSDP: every layer's weights gathered in the forward pass and again in the backward pass (a
   full-remat recompute reuses the backward's), and its weight gradients reduced; the embedding
-  tables gathered and their gradients reduced; all of it once per micro-batch. (Where the TPU
+  tables gathered and their gradients reduced; all of it once per micro-batch. With logits
+  chunks the unembedding is gathered again in every chunk of the forward pass and of its
+  recompute, and its gradient reduced per chunk. (Where the TPU
   compiler turns a gather or a reduce-scatter into a collective matmul, a ring of permutes
   inside the matmul, the ring moves the same bytes.)
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
@@ -91,6 +93,16 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
             Collective(a, "all-gather", "embedding tables", tables, M, True),
             Collective(a, "reduce-scatter", "embedding gradients", tables, M, True),
         ]
+        chunks = train.logits_chunks
+        if chunks > 1:  # the loss's scan gathers the unembedding in every chunk, forward and
+            # recompute, and reduces its gradient per chunk (measured: bench_cost)
+            table, again, grads = sh.vocab * d * cd, (2 * chunks - 1) * M, (chunks - 1) * M
+            found += [
+                Collective(a, "all-gather", "unembedding per chunk", table, again, True),
+                Collective(
+                    a, "reduce-scatter", "unembedding gradient per chunk", table, grads, True
+                ),
+            ]
     for a in roles.data_parallel_axes():
         found.append(Collective(a, "all-reduce", "gradient shards", shard, M, True))
     if roles.model is not None and m > 1:

@@ -68,6 +68,11 @@ def test_logits_chunks_divide_the_logits_and_recompute_the_head():
     assert four.terms["logits"] * 4 == one.terms["logits"] and four.logits_chunks == 4
     head = S * 2 * V * D  # each chunk's logits recomputed in the backward pass
     assert four.recompute_flops == one.recompute_flops + head
+    # the unembedding gathered in every chunk, forward and recompute, its gradient per chunk
+    kinds = {c.what: (c.bytes, c.count) for c in four.axes["fsdp"].collectives}
+    assert kinds["unembedding per chunk"] == (V * D * CD, 2 * 4 - 1)
+    assert kinds["unembedding gradient per chunk"] == (V * D * CD, 4 - 1)
+    assert four.axes["fsdp"].bytes == one.axes["fsdp"].bytes + 10 * V * D * CD
 
 
 def test_recompute_flops_follow_the_placement():
