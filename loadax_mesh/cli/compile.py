@@ -116,6 +116,11 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
         lines.append(
             f"flops      {report.flops:.3e} per device per step (loop trips counted{counted})"
         )
+    if report.roofline_seconds is not None:
+        lines.append(
+            f"roofline   {report.roofline_seconds:.3f} s per step: the compiled program's own "
+            "lower bound (per operation, max of FLOPs at peak and bytes at HBM bandwidth)"
+        )
     if report.collectives:
         lines += ["", collective_table(report)]
     return "\n".join(lines)

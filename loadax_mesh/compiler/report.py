@@ -3,7 +3,8 @@
 Memory per device from `memory_analysis()`, fit against the catalogue's HBM (on GPU the pool
 jax's client preallocates) and, for buffers a remat policy offloads, host memory against the
 catalogue's host memory per device; FLOPs per step (flops.py: XLA's own cost analysis with
-loop bodies counted once per trip, cuDNN attention counted from its shapes), and every
+loop bodies counted once per trip, cuDNN attention counted from its shapes), the program's own
+roofline (roofline.py: per operation max(FLOPs / peak, bytes / HBM bandwidth)), and every
 collective of the optimised HLO with its bytes, how often a step runs it, the mesh axes its
 groups span and how many of its bytes cross hosts and granules (host_split.py). On libtpu's or
 XLA's CUDA client's compile-only devices this is the real TPU or GPU compiler, on a machine
@@ -23,6 +24,7 @@ from .flops import step_flops
 from .hlo import Collective, HloText, collectives
 from .host_split import across_bytes
 from .replica_groups import group_axes, varying_axes
+from .roofline import roofline
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
@@ -85,6 +87,9 @@ class CompileReport:
     host_memory_bytes: int | None = None
     microbatches: int = 1
     logits_chunks: int = 1
+    # The compiled program's lower bound on its run time (roofline.py), None where the
+    # catalogue lacks the chip's peak or HBM bandwidth or an operation was not counted.
+    roofline_seconds: float | None = None
 
     def bytes_across(self) -> dict[str, int | None]:
         """Collective bytes per step: in all, inside hosts, across hosts and across granules
@@ -196,7 +201,20 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         flops=step_flops(compiled, hlo),
         collectives=items,
         host_bytes=on_host,
+        roofline_seconds=_roofline(hlo.text, spec),
     )
+
+
+def _roofline(text: str, spec: Any) -> float | None:
+    """The roofline of the compiled text on one device of the catalogue's hardware."""
+    if spec is None:
+        return None
+    peak, bandwidth = spec.fact("peak_bf16"), spec.fact("hbm_bandwidth")
+    if peak is None or bandwidth is None or peak.base is None or bandwidth.base is None:
+        return None
+    per_chip = spec.devices_per_chip
+    found = roofline(text, peak_flops=peak.base / per_chip, hbm_bandwidth=bandwidth.base / per_chip)
+    return None if found is None else found.seconds
 
 
 def held_bytes(memory: Any) -> int:

@@ -54,3 +54,17 @@ def test_every_trip_of_a_loop_counts() -> None:
     assert one is not None and eight is not None
     assert eight.flops == pytest.approx(8 * one.flops, rel=0.02)
     assert eight.seconds >= 8 * one.seconds  # each trip at least the work of one (plus its copies)
+
+
+def test_a_compile_report_carries_the_steps_roofline() -> None:
+    from loadax_mesh import MeshConfig, ModelSpec, TrainSpec, compile_step
+    from loadax_mesh.cli.compile import render_report
+
+    hardware = "tpu-v5litepod-8"
+    plan = MeshConfig.from_preset("fsdp").plan(topology_devices(hardware), selector=hardware)
+    report = compile_step(plan, ModelSpec.from_name("tiny"), TrainSpec(global_batch=16))
+    assert report.roofline_seconds is not None
+    # at least the FLOPs at the chip's peak (197 TFLOP/s a v5e), kernels included
+    assert report.flops is not None and report.roofline_seconds >= report.flops / 197e12 * 0.99
+    assert report.to_dict()["roofline_seconds"] == report.roofline_seconds
+    assert "roofline   " in render_report(report, [])
