@@ -41,6 +41,11 @@ def short(remat: str) -> str:
 
 
 def row(run: dict) -> tuple[list[str], bool, bool, bool]:
+    # A GPU run's script sets the share of memory jax's client takes; the estimate reads the
+    # variable jax reads (XLA_PYTHON_CLIENT_MEM_FRACTION), as it would on the run's machine.
+    os.environ.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    if run.get("gpu_mem_fraction") is not None:
+        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(run["gpu_mem_fraction"])
     model = ModelSpec.from_name(run["model"])
     hardware = run["hardware"]
     config = MeshConfig.from_preset(run["preset"], **run["overrides"])

@@ -137,18 +137,27 @@ def main() -> None:
     print(f"{platform.node()}, {os.cpu_count()} cores; {time.perf_counter() - start:.1f} s")
 
 
+_ROOFLINES: dict[str, float | None] = {}
+
+
 def roofline(run: Run) -> float | None:
     """The roofline of the run's step compiled at its compile size (one slice, or one host of a
-    data-parallel run: the same program per device)."""
+    data-parallel run: the same program per device; compiled once for runs that share it)."""
     from loadax_mesh import compile_step, topology_devices
 
     spec = run.spec
+    key = repr((spec["compile_hardware"], spec["compile_batch"], spec["model"], spec["train"]))
+    if spec["hardware"] != spec["compile_hardware"]:
+        key = repr((spec["compile_hardware"], spec["compile_batch"], spec["model"]))
+    if key in _ROOFLINES:
+        return _ROOFLINES[key]
     hardware = spec["compile_hardware"]
     plan = MeshConfig.from_preset(spec["preset"], **spec["overrides"]).plan(
         topology_devices(hardware), selector=hardware
     )
     train = TrainSpec(**{**spec["train"], "global_batch": spec["compile_batch"]})
     report = compile_step(plan, ModelSpec.from_name(spec["model"]), train)
+    _ROOFLINES[key] = report.roofline_seconds
     return report.roofline_seconds
 
 
