@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..workload.layout import ROLE_NAMES, roles
+from .axes import named_roles
 from .order import OrderComparison, compare_order
 
 if TYPE_CHECKING:
@@ -88,14 +88,7 @@ class AXLearnConfig:
 def axis_map(plan: MeshPlan, who: str) -> dict[str, str]:
     """Plan axis (size > 1) -> AXLearn's standard axis name; refused where it has none."""
     shape = plan.shape
-    known = {n for names in ROLE_NAMES.values() for n in names}
-    for name, size in shape.items():
-        if size > 1 and name not in known and name not in plan.batch_axis_names:
-            raise MeshConfigError(
-                f"{who}: mesh axis {name!r} (size {size}) has no {', '.join(AXES)} name; "
-                f"accepted: batch axes or axes named {', '.join(sorted(known))}"
-            )
-    r = roles(tuple(shape.items()), plan.batch_axis_names)
+    r = named_roles(plan, who, f"has no {', '.join(AXES)} name")
     out = {
         getattr(r, role): their
         for role, their in _ROLE_AXIS.items()

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import MeshConfigError
-from ..workload.layout import ROLE_NAMES, roles
+from .axes import named_roles
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
@@ -24,14 +23,7 @@ Rule = tuple[str, str | tuple[str, ...] | None]
 def to_flax_rules(plan: MeshPlan) -> tuple[Rule, ...]:
     """(logical axis, mesh axis or axes or None) pairs, one per LOGICAL_AXES entry."""
     shape = plan.shape
-    known = {n for names in ROLE_NAMES.values() for n in names}
-    for name, size in shape.items():
-        if size > 1 and name not in known and name not in plan.batch_axis_names:
-            raise MeshConfigError(
-                f"to_flax_rules: mesh axis {name!r} (size {size}) shards no logical axis; "
-                f"accepted: batch axes or axes named {', '.join(sorted(known))}"
-            )
-    r = roles(tuple(shape.items()), plan.batch_axis_names)
+    r = named_roles(plan, "to_flax_rules", "shards no logical axis")
     batch = tuple(a for a in r.batch if shape[a] > 1)
     model = r.model if r.model is not None and shape[r.model] > 1 else None
     table: dict[str, str | tuple[str, ...] | None] = {

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..workload.layout import ROLE_NAMES, implementation, roles
+from ..workload.layout import implementation
+from .axes import named_roles
 from .order import OrderComparison, compare_order
 
 if TYPE_CHECKING:
@@ -88,15 +89,10 @@ class MaxTextConfig:
 def _axis_map(plan: MeshPlan) -> dict[str, str]:
     """Plan axis (size > 1) -> MaxText axis; a plan MaxText cannot express is refused."""
     shape = plan.shape
-    known = {n for names in ROLE_NAMES.values() for n in names}
-    for name, size in shape.items():
-        if size > 1 and name not in known and name not in plan.batch_axis_names:
-            raise MeshConfigError(
-                f"to_maxtext: mesh axis {name!r} (size {size}) has no MaxText name; accepted: "
-                f"batch axes (-> data, fsdp) or axes named {', '.join(sorted(known))} "
-                "(-> fsdp, tensor, context)"
-            )
-    r = roles(tuple(shape.items()), plan.batch_axis_names)
+    r = named_roles(
+        plan, "to_maxtext", "has no MaxText name", batch=" (-> data, fsdp)",
+        named=" (-> fsdp, tensor, context)",
+    )  # fmt: skip
     out: dict[str, str] = {}
     for role in ("fsdp", "model", "seq"):
         axis = getattr(r, role)

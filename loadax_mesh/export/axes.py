@@ -1,0 +1,27 @@
+"""What the exports share: the roles of a plan's axes, refusing an axis no trainer can name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import MeshConfigError
+from ..workload.layout import ROLE_NAMES, Roles, roles
+
+if TYPE_CHECKING:
+    from ..plan import MeshPlan
+
+
+def named_roles(
+    plan: MeshPlan, who: str, problem: str, *, batch: str = "", named: str = ""
+) -> Roles:
+    """The plan's axis roles. An axis larger than 1 that is neither a batch axis nor named for
+    a role (ROLE_NAMES) is a MeshConfigError: `who` and `problem` say what refuses it, `batch`
+    and `named` what the accepted axes become there."""
+    known = {n for names in ROLE_NAMES.values() for n in names}
+    for name, size in plan.shape.items():
+        if size > 1 and name not in known and name not in plan.batch_axis_names:
+            raise MeshConfigError(
+                f"{who}: mesh axis {name!r} (size {size}) {problem}; accepted: batch axes{batch} "
+                f"or axes named {', '.join(sorted(known))}{named}"
+            )
+    return roles(tuple(plan.shape.items()), plan.batch_axis_names)
