@@ -146,9 +146,12 @@ def roofline(run: Run) -> float | None:
     from loadax_mesh import compile_step, topology_devices
 
     spec = run.spec
-    key = repr((spec["compile_hardware"], spec["compile_batch"], spec["model"], spec["train"]))
-    if spec["hardware"] != spec["compile_hardware"]:
-        key = repr((spec["compile_hardware"], spec["compile_batch"], spec["model"]))
+    # a run over many hosts or slices compiles one of them: its train spec differs only in the
+    # global batch, which compile_batch replaces
+    shared = spec["hardware"] != spec["compile_hardware"]
+    key = repr(
+        (spec["compile_hardware"], spec["compile_batch"], spec["model"], shared or spec["train"])
+    )
     if key in _ROOFLINES:
         return _ROOFLINES[key]
     hardware = spec["compile_hardware"]

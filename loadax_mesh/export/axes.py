@@ -25,3 +25,21 @@ def named_roles(
                 f"or axes named {', '.join(sorted(known))}{named}"
             )
     return roles(tuple(plan.shape.items()), plan.batch_axis_names)
+
+
+def trainer_axes(plan: MeshPlan, r: Roles, names: dict[str, str], who: str) -> dict[str, str]:
+    """Plan axis (size > 1) -> the trainer's axis: the fsdp, model and seq roles by `names`,
+    the remaining batch axis as "data"; two batch axes left over are refused (a trainer has
+    one data axis)."""
+    out = {
+        axis: names[role]
+        for role in ("fsdp", "model", "seq")
+        if (axis := getattr(r, role)) is not None and plan.shape[axis] > 1
+    }
+    data = [a for a in r.data_parallel_axes() if a not in out]
+    if len(data) > 1:
+        raise MeshConfigError(
+            f"{who}: batch axes {data} would all be the one data axis; accepted: one batch axis "
+            "besides the fsdp axis"
+        )
+    return {**out, **{a: "data" for a in data}}

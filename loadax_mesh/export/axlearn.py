@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from .axes import named_roles
+from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
 
 if TYPE_CHECKING:
@@ -87,21 +87,8 @@ class AXLearnConfig:
 
 def axis_map(plan: MeshPlan, who: str) -> dict[str, str]:
     """Plan axis (size > 1) -> AXLearn's standard axis name; refused where it has none."""
-    shape = plan.shape
     r = named_roles(plan, who, f"has no {', '.join(AXES)} name")
-    out = {
-        getattr(r, role): their
-        for role, their in _ROLE_AXIS.items()
-        if getattr(r, role) is not None and shape[getattr(r, role)] > 1
-    }
-    data = [a for a in r.data_parallel_axes() if a not in out]
-    if len(data) > 1:
-        raise MeshConfigError(
-            f"{who}: batch axes {data} would all be one data axis; accepted: one batch axis "
-            "besides the fsdp axis"
-        )
-    out.update({a: "data" for a in data})
-    return out
+    return trainer_axes(plan, r, _ROLE_AXIS, who)
 
 
 def to_axlearn(plan: MeshPlan, *, order: bool = True) -> AXLearnConfig:

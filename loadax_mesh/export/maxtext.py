@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
 from ..workload.layout import implementation
-from .axes import named_roles
+from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ MESH_AXES = (
     "autoregressive",
 )
 # Our role -> MaxText's axis and the word its ici_/dcn_ keys use.
-_ROLE_AXIS = {"data": "data", "fsdp": "fsdp", "model": "tensor", "seq": "context"}
+_ROLE_AXIS = {"fsdp": "fsdp", "model": "tensor", "seq": "context"}
 # Our named tensors -> MaxText's `custom` remat keys (checkpoint_name in its llama2 decoder
 # layer, attentions.py and linears.py); mlp_in is both SwiGLU inputs, wi_0 and wi_1.
 REMAT_KEYS = {
@@ -88,23 +88,11 @@ class MaxTextConfig:
 
 def _axis_map(plan: MeshPlan) -> dict[str, str]:
     """Plan axis (size > 1) -> MaxText axis; a plan MaxText cannot express is refused."""
-    shape = plan.shape
     r = named_roles(
         plan, "to_maxtext", "has no MaxText name", batch=" (-> data, fsdp)",
         named=" (-> fsdp, tensor, context)",
     )  # fmt: skip
-    out: dict[str, str] = {}
-    for role in ("fsdp", "model", "seq"):
-        axis = getattr(r, role)
-        if axis is not None and shape[axis] > 1:
-            out[axis] = _ROLE_AXIS[role]
-    data = [a for a in r.data_parallel_axes() if a not in out]
-    if len(data) > 1:
-        raise MeshConfigError(
-            f"to_maxtext: batch axes {data} would all be MaxText's one data axis; accepted: one "
-            "batch axis besides the fsdp axis"
-        )
-    out.update({a: "data" for a in data})
+    out = trainer_axes(plan, r, _ROLE_AXIS, "to_maxtext")
     for axis, their in out.items():
         batch = axis in plan.batch_axis_names
         if their in ("tensor", "context") and batch:
