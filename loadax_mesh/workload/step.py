@@ -272,7 +272,9 @@ def _rotary(seq_len: int, head_dim: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _rotate(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
-    """Rotary position embedding on [batch, seq, heads, head_dim] (halves rotated)."""
-    a, b = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    s, c = sin[None, :, None, :], cos[None, :, None, :]
-    return jnp.concatenate([a * c - b * s, a * s + b * c], axis=-1).astype(x.dtype)
+    """Rotary position embedding on [batch, seq, heads, head_dim] (halves rotated), in the
+    compute dtype as Hugging Face's LLaMA does: in float32 the rotation's fusions cost libtpu's
+    code generation about 4 s of the 8B step's compile (benchmarks/RESULTS.md)."""
+    a, b = jnp.split(x, 2, axis=-1)
+    s, c = (t[None, :, None, :].astype(x.dtype) for t in (sin, cos))
+    return jnp.concatenate([a * c - b * s, a * s + b * c], axis=-1)
