@@ -30,7 +30,10 @@ from pathlib import Path
 from typing import Any
 
 # (hardware, preset, model, global batch, recipe as TrainSpec keywords)
+# "auto": choose_mesh's winner with the recipe it chose (the recipe given is then empty)
 CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
+    ("tpu-v5p-512", "fsdp", "llama3-8b", 256, {}),  # README's MaxText export
+    ("tpu-v5p-1024", "auto", "llama3-70b", 512, {}),  # README's export after --strategy auto
     ("tpu-v5p-64-2", "fsdp", "llama3-8b", 64, {}),  # multislice: data over DCN x fsdp 32
     ("tpu-v5p-128", "fsdp_tp", "llama3-8b", 64, {}),  # tensor parallel 4
     ("tpu-v5p-128", "fsdp", "llama3-8b", 64, {"remat": "offload"}),  # layer inputs on host
@@ -42,17 +45,24 @@ LOCKED = ("TPU in use", "lockfile", "libtpu_lockfile", "Resource busy")
 OURS = """
 import json, os, sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-from loadax_mesh import MeshConfig, topology_devices, compile_step
+from loadax_mesh import MeshConfig, choose_mesh, topology_devices, compile_step
 from loadax_mesh.workload import ModelSpec, TrainSpec
 hw, preset, model, batch, recipe = json.loads(sys.argv[1])
-plan = MeshConfig.from_preset(preset).plan(topology_devices(hw), selector=hw)
 spec, train = ModelSpec.from_name(model), TrainSpec(global_batch=batch, **recipe)
+if preset == "auto":
+    best = choose_mesh(hw, spec, train)[0]
+    plan = best.config.plan(topology_devices(hw), selector=hw)
+    train = best.train
+else:
+    plan = MeshConfig.from_preset(preset).plan(topology_devices(hw), selector=hw)
 config = plan.to_maxtext(train, model=spec)
 report = compile_step(plan, spec, train)
 print("RESULT " + json.dumps({
     "args": config.args(), "notes": list(config.notes), "order": config.order.lines("MaxText"),
     "total": report.total_bytes, "host": report.host_bytes, "fits": report.fits,
     "hbm": report.hbm_bytes, "seconds": report.compile_seconds,
+    "mesh": "x".join(f"{k}{v}" for k, v in report.mesh.items() if v > 1),
+    "recipe": f"{train.remat_text} x{train.microbatches} /{train.logits_chunks}",
 }))
 """
 
@@ -125,14 +135,14 @@ def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any
 
 
 def row(r: dict[str, Any]) -> list[str]:
-    hw, preset, model, batch, recipe = r["case"]
+    hw, preset, model, batch, _ = r["case"]
     o = r["ours"]
     ratio = r["maxtext_total"] / o["total"]
-    recipe_text = ",".join(f"{k}={v}" for k, v in recipe.items()) or "full"
+    recipe_text = o["recipe"]
     host = f"{(o['host'] or 0) / 1e9:.2f} / {r['maxtext_host'] / 1e9:.2f}"
     ok = abs(ratio - 1) <= TARGET and o["fits"] == r["maxtext_fits"]
     return [
-        f"{hw} {preset}",
+        f"{hw} {preset} ({o['mesh']})",
         f"{model} x{batch}",
         recipe_text,
         f"{o['total'] / 1e9:.2f}",
