@@ -68,3 +68,18 @@ def test_a_compile_report_carries_the_steps_roofline() -> None:
     assert report.flops is not None and report.roofline_seconds >= report.flops / 197e12 * 0.99
     assert report.to_dict()["roofline_seconds"] == report.roofline_seconds
     assert "roofline   " in render_report(report, [])
+
+
+def test_a_step_that_offloads_to_host_memory_has_a_roofline() -> None:
+    # its asynchronous transfers to and from host memory run by DMA, beside the cores: the
+    # roofline leaves them out rather than giving no figure for the whole step
+    from loadax_mesh import MeshConfig, ModelSpec, TrainSpec, compile_step
+    from loadax_mesh.workload.spec import parse_remat
+
+    hardware = "tpu-v6e-8"
+    plan = MeshConfig.from_preset("fsdp").plan(topology_devices(hardware), selector=hardware)
+    train = TrainSpec(global_batch=8, remat=parse_remat("layer_input=offload,query=offload"))
+    report = compile_step(plan, ModelSpec.from_name("tiny"), train)
+    assert report.host_bytes  # it does offload
+    assert report.roofline_seconds is not None and report.flops is not None
+    assert report.roofline_seconds >= report.flops / 918e12 * 0.99  # v6e's peak, kernels in
