@@ -36,9 +36,10 @@ _FREE = {
     "call", "after-all", "partition-id", "replica-id", "opt-barrier", "send", "send-done",
     "recv", "recv-done", "copy-start", "copy-done", "async-start", "async-update", "async-done",
     "add-dependency", "domain", "infeed", "outfeed", "rng-get-and-update-state",
-    # the host offload's asynchronous transfers to and from host memory (S(5)), by DMA
+    # asynchronous transfers by DMA, as copy-start/done: the host offload's to and from host
+    # memory (S(5)), and slices prefetched into on-chip memory (S(1))
     "dynamic-update-slice-start", "dynamic-update-slice-done", "dynamic-slice-start",
-    "dynamic-slice-done",
+    "dynamic-slice-done", "slice-start", "slice-done",
 }  # fmt: skip
 
 # jax's splash kernels (the instruction takes the kernel's name) and the matmul FLOPs each does
