@@ -8,31 +8,19 @@ import numpy as np
 import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError
-from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload import TrainSpec
 from loadax_mesh.workload.spec import TENSORS
 from loadax_mesh.workload.step import make_step, remat_policy
 
-TINY = ModelSpec.from_name("tiny")
+from .losses import TINY, train_losses
+
 # data 1 x fsdp 2 x model 4: a per-replica batch of 4 rows (global 8), room for 4 micro-batches.
 MESH = ((1, 2, 4), ("data", "fsdp", "model"))
 
 
 def train(plan, *, batch_axes, **recipe):
     """Losses of four float32 steps on one fixed batch, from the same initial parameters."""
-    spec = TrainSpec(global_batch=8, compute_dtype="float32", learning_rate=1e-2, **recipe)
-    step = make_step(plan.to_jax_mesh(), TINY, spec, batch_axes=batch_axes)
-    params, opt = step.init(jax.random.key(0))
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, TINY.vocab_size, (8, TINY.seq_len + 1)).astype(np.int32)
-    batch = {
-        "tokens": jax.device_put(tokens[:, :-1], step.batch_sharding),
-        "targets": jax.device_put(tokens[:, 1:], step.batch_sharding),
-    }
-    losses = []
-    for _ in range(4):
-        params, opt, loss = step.fn(params, opt, batch)
-        losses.append(float(loss))
-    return np.array(losses)
+    return train_losses(plan, batch_axes=batch_axes, compute_dtype="float32", **recipe)
 
 
 @pytest.fixture(scope="module")

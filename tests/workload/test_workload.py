@@ -11,7 +11,7 @@ from loadax_mesh.workload import ModelSpec, TrainSpec, list_models
 from loadax_mesh.workload.layout import param_shapes, roles
 from loadax_mesh.workload.step import make_step
 
-TINY = ModelSpec.from_name("tiny")
+from .losses import TINY, train_losses
 
 
 def test_shipped_models_and_their_parameter_counts():
@@ -104,22 +104,9 @@ def test_layout_rules_and_what_does_not_divide():
         roles((("pipeline", 2), ("data", 4)), ("data",))
 
 
-def train(plan, compute_dtype, steps=4):
+def train(plan, compute_dtype):
     """Losses of a few steps on one fixed batch, from the same initial parameters."""
-    spec = TrainSpec(global_batch=8, compute_dtype=compute_dtype, learning_rate=1e-2)
-    step = make_step(plan.to_jax_mesh(), TINY, spec, batch_axes=plan.batch_axis_names)
-    params, opt = step.init(jax.random.key(0))
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, TINY.vocab_size, (8, TINY.seq_len + 1)).astype(np.int32)
-    batch = {
-        "tokens": jax.device_put(tokens[:, :-1], step.batch_sharding),
-        "targets": jax.device_put(tokens[:, 1:], step.batch_sharding),
-    }
-    losses = []
-    for _ in range(steps):
-        params, opt, loss = step.fn(params, opt, batch)
-        losses.append(float(loss))
-    return np.array(losses)
+    return train_losses(plan, batch_axes=plan.batch_axis_names, compute_dtype=compute_dtype)
 
 
 # Measured spread against one device: float32 below 2e-6, bfloat16 below 6e-3 (4 steps).
