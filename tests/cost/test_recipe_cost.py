@@ -49,6 +49,31 @@ def test_a_custom_placement_holds_what_it_recomputes():
     assert custom.terms["activations"] == dots.terms["activations"] - L * down
 
 
+def test_no_remat_saves_what_autodiff_keeps_not_the_named_tensors():
+    """Under "none" a layer keeps each operation's residuals: per norm its float32 input and
+    normalised value and its output; attention's operands, splash's result in the kernel's
+    layout and in the model's, its log-sum-exp; six d_ff-wide SwiGLU tensors. Not the layer
+    input, the projections before the rotary embedding, or the outputs that feed only adds."""
+    none = small(remat="none")
+    q, kv = S * 8 * 128 * CD, S * 2 * 128 * CD
+    per_layer = 4 * S * D * 4 + 2 * S * D * CD + 3 * q + 2 * kv + 8 * S * 4 + 6 * S * F * CD
+    assert none.terms["activations"] == L * per_layer
+    assert none.host_bytes == 0
+    # with the sequence split, keys and values are kept gathered along it
+    sp = estimate(
+        MeshConfig(mesh_shape=(4, 2), mesh_axis_names=("fsdp", "seq"), batch_axis_names=("fsdp",))
+        .plan(simulate_devices("tpu-v5p-16")),
+        SMALL,
+        TrainSpec(global_batch=4, remat="none"),
+    )
+    half, lanes = S // 2, 128  # the log-sum-exp's 64 positions padded to a tile's 128 lanes
+    per_layer = (
+        4 * half * D * 4 + 2 * half * D * CD + 3 * q // 2 + 2 * kv + 8 * lanes * 4
+        + 6 * half * F * CD
+    )  # fmt: skip
+    assert sp.terms["activations"] == L * per_layer
+
+
 def test_microbatches_divide_the_per_row_terms_and_add_an_accumulator():
     one, two = small(batch=16), small(batch=16, microbatches=2)
     assert one.terms["accumulator"] == 0
