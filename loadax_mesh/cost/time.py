@@ -17,8 +17,11 @@
   runs its data-parallel reduction inside the layer loop, where its time at the network's
   rate would hide behind the backward pass, yet the step grows by 17-31% from 1 to 2-16 hosts
   (shared/facts/production_runs.md).
-- Host offload: each direction's copies hide behind their own pass (out: the forward, in: the
-  backward); only what exceeds it is exposed.
+- Host offload: on TPU each direction's copies are DMAs beside the cores and hide behind their
+  own pass (out: the forward, in: the backward); only what exceeds it is exposed (the v6e
+  calibration runs all offload). On GPU both directions are counted exposed: on one H200 (jax
+  0.11.2, benchmarks/bench_gpu_step.py) offloading added 40-80% of the transfers' serial time to
+  the step, where hiding them would add none.
 
 `efficiency` is the one fitted number: the share of the peak a step's matmuls and attention
 kernels reach, a named calibration per platform (configs/calibration.toml), fitted by
@@ -132,7 +135,10 @@ def step_time(
     offload = 0.0
     if offload_bytes:
         each_way = offload_bytes / facts.need("host_link_bandwidth")
-        offload = max(0.0, each_way - forward) + max(0.0, each_way - (compute - forward))
+        if facts.platform == "tpu":
+            offload = max(0.0, each_way - forward) + max(0.0, each_way - (compute - forward))
+        else:
+            offload = 2 * each_way
     return StepTime(
         matmul=M * matmuls,
         attention=M * kernels,
