@@ -61,8 +61,9 @@ def test_no_remat_saves_what_autodiff_keeps_not_the_named_tensors():
     assert none.host_bytes == 0
     # with the sequence split, keys and values are kept gathered along it
     sp = estimate(
-        MeshConfig(mesh_shape=(4, 2), mesh_axis_names=("fsdp", "seq"), batch_axis_names=("fsdp",))
-        .plan(simulate_devices("tpu-v5p-16")),
+        MeshConfig(
+            mesh_shape=(4, 2), mesh_axis_names=("fsdp", "seq"), batch_axis_names=("fsdp",)
+        ).plan(simulate_devices("tpu-v5p-16")),
         SMALL,
         TrainSpec(global_batch=4, remat="none"),
     )
