@@ -204,9 +204,8 @@ def test_required_catalogue_entries():
     assert published <= {t.name for t in v5p.topologies}
     assert v5p.fact("dcn_bandwidth").value == 50
     assert v5p.fact("device_kind").source == ("MT", "AX")
-    assert next(t for t in list_hardware() if t.key == "p5e.48xlarge").fact(
-        "device_kind"
-    ).status == ("unconfirmed")
+    h200 = next(t for t in list_hardware() if t.key == "p5e.48xlarge").fact("device_kind")
+    assert h200.status == "confirmed" and h200.source[0] == "G-h200"  # seen on a real H200
 
 
 def test_facts_without_a_source_are_rejected():
