@@ -10,7 +10,7 @@ several axes at once join those axes into one row. GPU rows also compare the byt
 granules (NVLink domains). Targets: memory and host memory within 20%, fits agreeing, bytes
 within 25%.
 
-    python benchmarks/bench_cost.py [--cache DIR] [--only SUBSTRING] [--markdown]
+    python benchmarks/bench_cost.py [--cache DIR] [--only SUBSTRING] [--recipes] [--markdown]
 
 `--cache DIR` keeps each compile report as JSON and reuses it (compiles take minutes here).
 """
@@ -69,6 +69,10 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v6e-8", "fsdp", "llama3-8b", 24, "dots", 3, 16),
     ("gpu-a3-highgpu-8g-8", "fsdp", "llama2-7b", 32, "offload", 2, 1),
     ("gpu-p5.48xlarge-16", "hsdp", "llama3-8b", 32, "dots", 2, 4),
+    # No remat (what autodiff saves), and choose_mesh's 70B winners on v5p-1024 before and after
+    ("tpu-v5p-1024", "mesh:fsdp=128,seq=4", "llama3-70b", 512, "none", 4, 1),
+    ("tpu-v5p-1024", "mesh:fsdp=256,seq=2", "llama3-70b", 512, "dots", 2, 1),
+    ("gpu-p5.48xlarge-8", "fsdp", "llama3-8b", 8, "none", 1, 1),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 
@@ -105,10 +109,17 @@ def recipe_text(case: tuple[Any, ...]) -> str:
 
 def config(preset: str) -> MeshConfig:
     """A preset, with overrides written after a colon (an NVL72 rack's 72 GPUs divide no
-    d_model by themselves: fsdp_tp:fsdp=2 puts tp 4 x fsdp 2 in a rack, data on the rest)."""
+    d_model by themselves: fsdp_tp:fsdp=2 puts tp 4 x fsdp 2 in a rack, data on the rest);
+    or `mesh:` and the axes with their sizes, data and fsdp the batch axes (what choose_mesh
+    names: mesh:fsdp=128,seq=4)."""
     name, _, overrides = preset.partition(":")
-    sizes = dict(item.split("=") for item in overrides.split(",") if item)
-    return MeshConfig.from_preset(name, **{k: int(v) for k, v in sizes.items()})
+    sizes = {k: int(v) for k, v in (item.split("=") for item in overrides.split(",") if item)}
+    if name == "mesh":
+        batch = tuple(a for a in sizes if a in ("data", "fsdp"))
+        return MeshConfig(
+            mesh_shape=tuple(sizes.values()), mesh_axis_names=tuple(sizes), batch_axis_names=batch
+        )
+    return MeshConfig.from_preset(name, **sizes)
 
 
 def clusters(report: dict[str, Any], axes: list[str]) -> list[tuple[str, ...]]:
@@ -166,6 +177,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, help="keep compile reports here as JSON")
     parser.add_argument("--only", default="", help="run the cases whose name contains this")
+    parser.add_argument(
+        "--recipes", action="store_true", help="only the cases that give a recipe (issue #20)"
+    )
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     if args.cache:
@@ -173,7 +187,7 @@ def main() -> None:
     lines = []
     misses = []
     for case in CASES:
-        if args.only not in "_".join(map(str, case)):
+        if args.only not in "_".join(map(str, case)) or (args.recipes and len(case) < 7):
             continue
         r = compare(case, args.cache)
         (want, got), (fit_est, fit_comp) = r["memory"], r["fits"]
