@@ -195,12 +195,12 @@ def _residuals(
     projections and the residual adds (their outputs only feed adds) keep nothing. As the TPU
     compiler's buffers show them (LLaMA-3 70B, v5p-1024, fsdp 128 x seq 4: six [layers, rows,
     seq, d_ff] stacks, four float32 [.., d_model], two compute-dtype [.., d_model])."""
-    rows, seq, d = found["input"][0]
-    f32, mlp = ((rows, seq, d), 4), found["gate"]
+    f32: tuple[tuple[int, ...], int] = (found["input"][0], 4)
+    mlp = found["gate"]
     kv = ("gathered k", "gathered v") if "gathered k" in found else ("rotated k", "v")
     names = ["attention norm input", "attention norm", "mlp norm input", "mlp norm"]
     names += ["rotated q", *kv, "attention", "gate", "up", "gated"]
-    extra = {"attention normed": f32, "mlp normed": f32}
+    extra: dict[str, tuple[tuple[int, ...], int]] = {"attention normed": f32, "mlp normed": f32}
     extra |= {"sigmoid": mlp, "sigmoid slope": mlp, "silu": mlp}
     if kernel in ("splash", "cudnn"):  # kept as [rows, heads, seq], not as splash writes it
         lse_shape = found["attention logsumexp"][0]
