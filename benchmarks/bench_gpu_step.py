@@ -58,11 +58,8 @@ def one(
 
     from loadax_mesh import MeshConfig
     from loadax_mesh.compiler.report import held_bytes, host_held_bytes
-    from loadax_mesh.cost.estimate import estimate_parts
-    from loadax_mesh.cost.facts import device_facts
-    from loadax_mesh.hardware.strings import parse_hardware
+    from loadax_mesh.cost import estimate
     from loadax_mesh.workload import ModelSpec, TrainSpec
-    from loadax_mesh.workload.layout import roles
     from loadax_mesh.workload.spec import parse_remat
     from loadax_mesh.workload.step import make_step
 
@@ -93,13 +90,11 @@ def one(
             seconds.append(time.perf_counter() - start)
     stats = device.memory_stats() or {}
 
-    sizes = tuple(plan.shape.items())
-    r = roles(sizes, plan.batch_axis_names)
+    # the same one-device mesh, named as the catalogue's hardware so the estimate has its facts
     est = None
     if hardware is not None:
-        facts = device_facts(parse_hardware(hardware))
-        factors = {a: (1, 1) for a, _ in sizes}
-        est = estimate_parts(model, train, r, factors, {a: 1.0 for a, _ in sizes}, facts)
+        named = MeshConfig.from_preset("fsdp").plan(jax.devices()[:1], selector=hardware)
+        est = estimate(named, model, train)
     return {
         "recipe": name,
         "device_kind": device.device_kind,

@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..cost.facts import device_facts
+from ..errors import MeshConfigError
 from ..hardware.catalogue import host_memory_per_device
 from ..hardware.gpu_targets import device_hbm
 from .flops import step_flops
@@ -206,14 +208,15 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
 
 
 def _roofline(text: str, spec: Any) -> float | None:
-    """The roofline of the compiled text on one device of the catalogue's hardware."""
-    if spec is None:
+    """The roofline of the compiled text on one device of the catalogue's hardware (None where
+    the catalogue lacks the device's peak, HBM or HBM bandwidth)."""
+    try:
+        facts = None if spec is None else device_facts(spec)
+    except MeshConfigError:
         return None
-    peak, bandwidth = spec.fact("peak_bf16"), spec.fact("hbm_bandwidth")
-    if peak is None or bandwidth is None or peak.base is None or bandwidth.base is None:
+    if facts is None or facts.hbm_bandwidth is None:
         return None
-    per_chip = spec.devices_per_chip
-    found = roofline(text, peak_flops=peak.base / per_chip, hbm_bandwidth=bandwidth.base / per_chip)
+    found = roofline(text, peak_flops=facts.peak_flops, hbm_bandwidth=facts.hbm_bandwidth)
     return None if found is None else found.seconds
 
 
