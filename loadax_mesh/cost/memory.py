@@ -5,7 +5,7 @@ The step holds its arguments for the whole step (parameters and Adam's moments, 
 the updated ones reuse them; the batch) and, on top, what the phase it is in needs. Three phases
 can set the peak: the head of the backward pass (saved layer inputs, every gradient shard, the
 logits and their gradient, a gathered embedding table and its gradient), the layer loop (saved
-inputs, every gradient shard and, across data-parallel axes, their compute-dtype copy; one
+inputs, every gradient shard and, on TPU across data-parallel axes, their compute-dtype copy; one
 layer's weights gathered, twice for prefetch and once as their gradient before it is reduced;
 its intermediates, recomputed under full remat, and their gradients; on TPU the splash kernel's
 float32 buffers among them) and the tail (gradient shards, a table and its gradient). The
@@ -318,14 +318,17 @@ def _fixed_terms(
 ) -> tuple[tuple[str, int], ...]:
     """The terms the recipe does not change: parameters, optimizer state, gradients, tables."""
     pd, od, cd = (dtype_bytes(x) for x in (param_dtype, opt_dtype, compute_dtype))
+    tpu = tile is not None  # only TPU stores arrays in memory tiles
     table = stored((model.vocab_size // roles.size("model"), model.d_model), cd, tile)
     return (
         ("params", shard_bytes(model, roles, pd, tile)),
         ("optimizer", 2 * shard_bytes(model, roles, od, tile)),
         ("gradients", shard_bytes(model, roles, pd, tile)),
-        # Across data-parallel axes the gradient shards are reduced in the compute dtype: a
-        # second set of them, stacked over the layers like the float32 one.
-        ("reduced gradients", shard_bytes(model, roles, cd, tile) * _dp(roles)),
+        # Across data-parallel axes the gradient shards are reduced in the compute dtype. TPU
+        # reduces them after the layer loop: a second set, stacked over the layers like the
+        # float32 one. XLA's GPU pipeline reduces each layer's shards inside the loop (a bf16
+        # all-reduce per layer in the loop body), so no stacked set is held there.
+        ("reduced gradients", shard_bytes(model, roles, cd, tile) * _dp(roles) * tpu),
         ("embeddings", (4 if held else 2) * table),
     )
 

@@ -95,6 +95,23 @@ def test_only_tpu_splash_attention_holds_the_kernels_buffers():
     assert tpu - gpu == 2 * (kernel - 8 * 128 * 4)  # full remat: recomputed, and gradients
 
 
+def test_only_tpu_holds_a_compute_dtype_set_of_data_parallel_gradients():
+    """TPU reduces the gradient shards over data after the layer loop, from a stacked bf16
+    set; XLA's GPU pipeline reduces each layer's inside the loop, so data parallelism adds no
+    memory there (a GPU compile of LLaMA-2 7B, 4 layers: data 2 x fsdp 8 needs no more than
+    fsdp 8)."""
+    from loadax_mesh.cost.memory import memory_terms
+    from loadax_mesh.workload.layout import roles
+
+    train = TrainSpec(global_batch=16)
+    dp = roles([("data", 2), ("fsdp", 8)], ["data", "fsdp"])
+    alone = roles([("data", 1), ("fsdp", 8)], ["data", "fsdp"])
+    tpu = memory_terms(SMALL, train, dp, (8, 128))
+    assert tpu["reduced gradients"] == tpu["gradients"] // 2  # float32 shards, once in bf16
+    assert memory_terms(SMALL, train, alone, (8, 128))["reduced gradients"] == 0
+    assert memory_terms(SMALL, train, dp, None)["reduced gradients"] == 0
+
+
 def test_remat_policies_order_the_memory():
     full, dots, none = (small_estimate(r).terms["activations"] for r in ("full", "dots", "none"))
     assert full < dots < none
