@@ -32,7 +32,7 @@ from ..hardware.strings import parse_hardware, simulate_devices
 from ..plan import MeshPlan, plan_config
 from ..shapes import HybridMeshShape
 from ..workload.layout import ROLE_NAMES, Roles, check_fit, roles
-from ..workload.spec import TENSORS, ModelSpec, TrainSpec
+from ..workload.spec import ModelSpec, TrainSpec
 from .estimate import Estimate, estimate_parts, holds_tables
 from .facts import DeviceFacts, device_facts
 from .memory import host_bytes, memory_terms, phases
@@ -43,13 +43,11 @@ _BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"])
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
-# host memory; and its minimal_flash as its A3 runs set it: every named tensor on the device,
-# the rest recomputed (shared/facts/production_runs.md).
+# host memory (shared/facts/production_runs.md).
 RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks")
 MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
-NAMED_ON_DEVICE = dict.fromkeys(TENSORS, "device")
 REMATS: tuple[str | dict[str, str], ...] = (
-    "none", "dots", "full", "offload", MAXTEXT_OFFLOAD, NAMED_ON_DEVICE,
+    "none", "dots_attention", "dots", "full", "offload", MAXTEXT_OFFLOAD,
 )  # fmt: skip
 LOGITS_CHUNKS = (1, 4, 16)
 

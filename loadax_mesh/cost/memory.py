@@ -245,7 +245,7 @@ def working_bytes(
     recomputes. The named policies keep their measured factor; a custom placement holds every
     gradient plus the named tensors it recomputes (as "dots" when it recomputes none)."""
     everything = layer_bytes(model, train, sh, roles, tile, saved=False)
-    if isinstance(train.remat, str):
+    if isinstance(train.remat, str) and train.remat in _WORKING:
         return _WORKING[train.remat] * everything
     platform = "tpu" if tile is not None else "gpu"
     found = _intermediates(

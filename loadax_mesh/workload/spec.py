@@ -33,15 +33,17 @@ _DOTS = ("query", "key", "value", "out_proj", "mlp_in", "mlp_out")
 POLICIES: dict[str, dict[str, str]] = {
     "full": {t: "device" if t == "layer_input" else "recompute" for t in TENSORS},
     "dots": {t: "device" if t == "layer_input" or t in _DOTS else "recompute" for t in TENSORS},
+    # Every named tensor saved, the rest recomputed: MaxText's minimal_flash (its A3 runs).
+    "dots_attention": dict.fromkeys(TENSORS, "device"),
     "none": {t: "device" for t in TENSORS},
     "offload": {t: "offload" if t == "layer_input" else "recompute" for t in TENSORS},
 }
 REMAT = tuple(POLICIES)
 # The policies a mapping is stored as when it places every tensor as they do: the step compiles
 # the same program for both. Not "none": that is no checkpoint at all, which also keeps every
-# unnamed intermediate (norms, rotated q and k, the gated product); a mapping with every named
-# tensor on the device (MaxText's minimal_flash) recomputes those.
-_SAME_STEP = ("full", "dots", "offload")
+# unnamed intermediate (norms, rotated q and k, the gated product); "dots_attention" (every
+# named tensor on the device) recomputes those.
+_SAME_STEP = ("full", "dots", "dots_attention", "offload")
 ATTENTION = ("flash", "plain")
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -199,8 +201,9 @@ class TrainSpec:
 
     `remat` places each named tensor of a layer (TENSORS) for the backward pass: "recompute",
     "device" (saved in HBM) or "offload" (saved in host memory). A policy name is a shorthand:
-    "full" saves only the layer input, "dots" also the matmul outputs, "none" everything,
-    "offload" the layer input in host memory. A mapping names some tensors (the rest are
+    "full" saves only the layer input, "dots" also the matmul outputs, "dots_attention" also
+    the attention's output (every named tensor), "none" everything (no checkpoint), "offload"
+    the layer input in host memory. A mapping names some tensors (the rest are
     recomputed, the layer input kept on the device) and is stored as the policy name it equals
     (except "none", which checkpoints nothing, unnamed intermediates included), or else as
     (tensor, placement) pairs for every tensor. `microbatches`: gradient
@@ -227,12 +230,9 @@ class TrainSpec:
                     f"{name}={getattr(self, name)!r}; accepted: {', '.join(DTYPES)}"
                 )
         pairs = _placements(dict(self.remat) if isinstance(self.remat, tuple) else self.remat)
-        named = [
-            n
-            for n, p in POLICIES.items()
-            if tuple(p.items()) == pairs and (n in _SAME_STEP or isinstance(self.remat, str))
-        ]
-        object.__setattr__(self, "remat", named[0] if named else pairs)
+        if not isinstance(self.remat, str):
+            named = [n for n in _SAME_STEP if tuple(POLICIES[n].items()) == pairs]
+            object.__setattr__(self, "remat", named[0] if named else pairs)
         _positive(self.microbatches, "microbatches")
         _positive(self.logits_chunks, "logits_chunks")
         if self.global_batch % self.microbatches:

@@ -46,7 +46,7 @@ def test_bad_recipe_flags_are_named(capsys):
     argv = ["estimate", "tpu-v5p-16", "--strategy", "fsdp", "--model", "tiny"]
     argv += ["--global-batch", "16"]
     for flags, message in (
-        (["--remat", "most"], "remat='most'; accepted: full, dots, none, offload"),
+        (["--remat", "most"], "remat='most'; accepted: full, dots, dots_attention, none, offload"),
         (["--remat", "query=offload,query=device"], "is no new tensor=placement pair"),
         (["--remat", "mlp=offload"], "tensor 'mlp' is not a named tensor"),
         (["--remat", "query=host"], "query='host'; accepted: recompute, device, offload"),

@@ -215,7 +215,7 @@ def test_recipes_narrow_the_search():
         ([], r"recipes=\[\] holds no recipe"),
         (["full"], "recipes: 'full' is no mapping"),
         ([{"global_batch": 8}], "recipes: unknown field 'global_batch'"),
-        ([{"remat": "most"}], "remat='most'; accepted: full, dots, none, offload"),
+        ([{"remat": "most"}], "remat='most'; accepted: full, dots, dots_attention, none, offload"),
         ([{"microbatches": 0}], "microbatches=0; accepted: a positive integer"),
         ([{"logits_chunks": 2.0}], "logits_chunks=2.0; accepted: a positive integer"),
     ],

@@ -24,9 +24,10 @@ def test_a_mapping_equal_to_a_policy_is_stored_as_its_name(name: str) -> None:
         assert stored == name
         return
     # Every named tensor on the device is a checkpointed layer (MaxText's minimal_flash), not
-    # "none" (no checkpoint): kept as pairs, and round-trips as them.
-    assert stored == tuple(POLICIES["none"].items())
-    assert TrainSpec(global_batch=8, remat=stored).remat == stored
+    # "none" (no checkpoint): stored as "dots_attention", and round-trips as it.
+    assert stored == "dots_attention"
+    assert TrainSpec(global_batch=8, remat=tuple(POLICIES["none"].items())).remat == stored
+    assert TrainSpec(global_batch=8, remat="none").remat == "none"
 
 
 def test_the_command_line_form() -> None:
@@ -47,7 +48,7 @@ def test_the_command_line_form() -> None:
         ({"remat": {"keys": "device"}}, "tensor 'keys' is not a named tensor.*layer_input"),
         ({"remat": {"query": "host"}}, "query='host'; accepted: recompute, device, offload"),
         ({"remat": {"layer_input": "recompute"}}, "layer_input='recompute'.*device, offload"),
-        ({"remat": "everything"}, "remat='everything'; accepted: full, dots, none, offload"),
+        ({"remat": "all"}, "remat='all'; accepted: full, dots, dots_attention, none, offload"),
         ({"remat": 3}, "remat=3"),
         ({"microbatches": 0}, "microbatches=0; accepted: a positive integer"),
         ({"microbatches": 2.0}, "microbatches=2.0"),

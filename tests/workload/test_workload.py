@@ -78,7 +78,7 @@ def test_a_good_model_file_and_unknown_names(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"remat": "some"}, "remat='some'; accepted: full, dots, none"),
+        ({"remat": "some"}, "remat='some'; accepted: full, dots, dots_attention, none"),
         ({"attention": "ring"}, "attention='ring'"),
         ({"global_batch": 0}, "global_batch=0"),
         ({"param_dtype": "float16"}, "param_dtype='float16'"),
