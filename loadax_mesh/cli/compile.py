@@ -162,6 +162,11 @@ def _judged(report: CompileReport) -> str:
     """What the memory is held against, in words: the device's HBM, or why nothing."""
     if report.hbm_bytes is not None:
         verdict = "fits" if report.fits else "does NOT fit"
+        if report.fits and report.total_bytes > report.hbm_bytes:  # TPU: the compiler judged
+            verdict = (
+                "fits by the compiler's own check (libtpu refuses a program over its HBM; "
+                "memory_analysis() counts temporaries beyond the buffers it assigns)"
+            )
         return f" of {size_text(report.hbm_bytes)}: {verdict}"
     if report.hardware.startswith("cpu-"):
         return (

@@ -78,3 +78,6 @@ def test_fits_is_judged_on_both_memories():
     assert _fits(30, 20, 5, 8) is False
     assert _fits(10, 20, 5, None) is None  # offloaded, host memory unknown
     assert _fits(30, 20, 5, None) is False
+    # TPU: a program libtpu compiled fits its HBM by the compiler's own check; the host is ours
+    assert _fits(None, 20, 0, None) is True
+    assert _fits(None, None, 9, 8) is False
