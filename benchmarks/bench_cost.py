@@ -74,10 +74,11 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v5p-1024", "mesh:fsdp=256,seq=2", "llama3-70b", 512, "dots", 2, 1),
     ("gpu-p5.48xlarge-8", "fsdp", "llama3-8b", 8, "none", 1, 1),
     # Every named tensor on the device (MaxText's minimal_flash): the A3 runs' recipe, and
-    # choose_mesh's winners for 70B on v5p-1024 and the 8B tpu-recipes run's v6e-32
+    # choose_mesh's winners for 70B on v5p-1024 and the 8B tpu-recipes runs' v6e-32 and v6e-16
     ("gpu-p5.48xlarge-16", "hsdp", "llama3-8b", 32, "dots_attention", 2, 1),
     ("tpu-v5p-1024", "mesh:fsdp=256,seq=2", "llama3-70b", 512, "dots_attention", 2, 1),
     ("tpu-v6e-32", "mesh:fsdp=16,seq=2", "llama3-8b", 96, "dots_attention", 6, 1),
+    ("tpu-v6e-16", "mesh:fsdp=8,model=2", "llama3-8b", 48, "dots_attention", 6, 1),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 
