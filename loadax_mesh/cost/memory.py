@@ -227,7 +227,7 @@ def layer_bytes(
     in the layout their producer gave them (head_dim minor for the attention kernel's operands);
     else all of them, as temporaries of the layer being differentiated, which the compiler lays
     out freely."""
-    platform = "tpu" if tile is not None else "gpu"  # only TPU arrays are stored in tiles
+    platform = _platform(tile)
     kernel = implementation(train.attention, platform)
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
     keep = _kept(train, found, where, kernel) if saved else found
@@ -247,7 +247,7 @@ def working_bytes(
     everything = layer_bytes(model, train, sh, roles, tile, saved=False)
     if isinstance(train.remat, str) and train.remat in _WORKING:
         return _WORKING[train.remat] * everything
-    platform = "tpu" if tile is not None else "gpu"
+    platform = _platform(tile)
     found = _intermediates(
         model, train, sh, roles, splash=implementation(train.attention, platform) == "splash"
     )
@@ -318,7 +318,7 @@ def _fixed_terms(
 ) -> tuple[tuple[str, int], ...]:
     """The terms the recipe does not change: parameters, optimizer state, gradients, tables."""
     pd, od, cd = (dtype_bytes(x) for x in (param_dtype, opt_dtype, compute_dtype))
-    tpu = tile is not None  # only TPU stores arrays in memory tiles
+    tpu = _platform(tile) == "tpu"
     table = stored((model.vocab_size // roles.size("model"), model.d_model), cd, tile)
     return (
         ("params", shard_bytes(model, roles, pd, tile)),
@@ -346,6 +346,11 @@ def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
     totals = {name: sum(terms[k] for k in (*ALWAYS, *parts)) for name, parts in PHASES.items()}
     worst = max(totals, key=lambda name: totals[name])
     return totals, {*ALWAYS, *PHASES[worst]}
+
+
+def _platform(tile: tuple[int, int] | None) -> str:
+    """The platform whose memory the terms count: only TPU stores arrays in tiles."""
+    return "tpu" if tile is not None else "gpu"
 
 
 def _dp(roles: Roles) -> int:
