@@ -104,7 +104,10 @@ def _intermediates(
     """One layer's forward intermediates on one device: name -> (shape, bytes per element);
     `splash`: attention is TPU's splash kernel."""
     cd = dtype_bytes(train.compute_dtype)
-    r, s, d, hd = sh.micro_rows, sh.seq, model.d_model, model.head_dim
+    r, s, hd = sh.micro_rows, sh.seq, model.head_dim
+    # The residual stream (the layer's input, its norms and its two outputs) has its hidden
+    # dim cut over the tensor axis; each norm's output is gathered whole for its matmuls.
+    d = model.d_model // roles.size("model")
     found = {
         "input": ((r, s, d), cd),
         "attention norm": ((r, s, d), cd),
@@ -124,8 +127,9 @@ def _intermediates(
     }
     # The step normalises in float32: the backward pass of each norm holds its input widened.
     found |= {"attention norm input": ((r, s, d), 4), "mlp norm input": ((r, s, d), 4)}
-    if roles.size("model") > 1:  # each tensor-parallel all-reduce has its own output buffer
-        found |= {"reduced attention": ((r, s, d), cd), "reduced mlp": ((r, s, d), cd)}
+    if roles.size("model") > 1:  # the norms' outputs gathered whole for the matmuls
+        whole = (r, s, model.d_model)
+        found |= {"gathered attention norm": (whole, cd), "gathered mlp norm": (whole, cd)}
     if roles.size("seq") > 1:  # keys and values gathered along the sequence
         full = (r, model.seq_len, sh.kv_heads, hd)
         found |= {"gathered k": (full, cd), "gathered v": (full, cd)}

@@ -11,10 +11,17 @@ device and per step. What each role's axis carries:
   compiler turns a gather or a reduce-scatter into a collective matmul, a ring of permutes
   inside the matmul, the ring moves the same bytes.)
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
-- Tensor (`model`): per layer two all-reduces of the layer's output in the forward pass, two of
-  the input gradients in the backward pass and one more where full remat recomputes the
-  forward (the attention half's: the layer's own output is not needed for its backward pass);
-  one for the embedding lookup and one for the logits' input gradient.
+- Tensor (`model`): the residual stream is cut over it (workload.layout's `hidden`). Per layer
+  the forward pass gathers the two norms' outputs for their matmuls and reduce-scatters the two
+  blocks' outputs; the backward pass gathers each operand a matmul needs whole once per matmul
+  that uses it (XLA's partitioner reshards every dot's operands for that dot, LLaMA-3 70B on
+  GPU: optimised HLO): the norms' outputs for their weight gradients, and the output
+  gradients of the attention and MLP blocks for their input and their weight gradients, and it
+  reduce-scatters the norms' output gradients; a full-remat recompute gathers both norms'
+  outputs again and reduce-scatters the attention half's. Outside the layers: the lookup's
+  all-reduce and its gradient's gather, the final norm's output gathered for the logits and
+  for the unembedding's gradient, and its gradient reduce-scattered. (The TPU compiler merges
+  some of these, or runs a gather and a reduce-scatter as one all-reduce: bench_cost.)
 - Sequence: per layer keys and values gathered along the sequence (forward, and again for a
   full-remat recompute) and their gradients reduce-scattered.
 An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase; the time
@@ -107,12 +114,15 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
         found.append(Collective(a, "all-reduce", "gradient shards", shard, M, True))
     if roles.model is not None and m > 1:
         activation = sh.micro_rows * sh.seq * d * cd
-        # forward 2, backward 2, and a recompute needs only the attention half's (the layer's
-        # output is not an input of its own backward pass)
-        runs = (L * (4 + again) + 2) * M
-        found.append(
-            Collective(roles.model, "all-reduce", "layer outputs", activation, runs, False)
-        )
+        gathers = (L * (2 + 6 + 2 * again) + 3) * M
+        reductions = (L * (2 + 2 + again) + 1) * M
+        found += [
+            Collective(roles.model, "all-gather", "hidden-cut activations", activation,
+                       gathers, False),
+            Collective(roles.model, "reduce-scatter", "block outputs and gradients",
+                       activation, reductions, False),
+            Collective(roles.model, "all-reduce", "embedding lookup", activation, M, False),
+        ]  # fmt: skip
     if roles.seq is not None and roles.size("seq") > 1:
         kv = 2 * sh.micro_rows * model.seq_len * sh.kv_heads * model.head_dim * cd
         found += [

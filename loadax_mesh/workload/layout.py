@@ -3,7 +3,10 @@ rules that map logical axes to the plan's mesh axes. Pure Python: the cost model
 
 Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis; `heads`, `kv_heads`, `mlp`
 and `vocab` -> the tensor-parallel axis; activations: `batch` -> the batch axes, `seq` -> the
-sequence axis. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's.
+sequence axis, `hidden` (the d_model dim of the residual stream between the layer's blocks) ->
+the tensor-parallel axis, as MaxText's `activation_embed` shards it: what a layer saves of it
+is cut by the tensor degree too. Axes are recognised by name (ROLE_NAMES); batch axes are the
+plan's.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Roles:
             "kv_heads": self.model,
             "mlp": self.model,
             "vocab": self.model,
+            "hidden": self.model,
             "seq": self.seq,
             "batch": self.batch if len(self.batch) > 1 else self.batch[0],
         }
@@ -161,6 +165,7 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
             ("num_kv_heads", model.num_kv_heads),
             ("d_ff", model.d_ff),
             ("vocab_size", model.vocab_size),
+            ("d_model", model.d_model),  # the residual stream's hidden dim
         ),
         "fsdp": (("d_model", model.d_model),),
         "seq": (("seq_len", model.seq_len),),

@@ -173,14 +173,15 @@ class Step:
     def loss(self, params: Params, batch: Params) -> jax.Array:
         """Mean next-token cross-entropy (float32) over the batch."""
         cdt = jnp.dtype(self.train.compute_dtype)
-        act = self.spec(("batch", "seq", None))
+        act, whole = self.spec(("batch", "seq", "hidden")), self.spec(("batch", "seq", None))
         # The table gathered over FSDP first: the lookup's output then comes out sharded by
         # batch, and its gradient is reduce-scattered back, as for every other weight.
         table = jax.lax.with_sharding_constraint(
             params["embed"].astype(cdt), self.spec(("vocab", None))
         )
         x = jnp.take(table, batch["tokens"], axis=0)
-        x = jax.lax.with_sharding_constraint(x, act)
+        # whole rows first, then each device keeps its slice of the hidden dim (no all-to-all)
+        x = jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, whole), act)
         layers = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
         layer: Callable[..., Any] = partial(self._layer, act=act)
         policy = remat_policy(self.train)

@@ -66,10 +66,10 @@ def test_plan_reads_the_recipe_flags_only_for_auto(capsys):
 
 
 def test_auto_finds_the_recipe_where_the_plain_step_fits_nowhere(capsys):
-    argv = ["plan", "tpu-v5litepod-256", "--strategy", "auto", "--model", "llama3-8b"]
+    argv = ["plan", "tpu-v5litepod-128", "--strategy", "auto", "--model", "llama3-8b"]
     code, out, _ = run(capsys, *argv, "--global-batch", "512", "--format", "json")
     data = json.loads(out)
-    best = choose_mesh("tpu-v5litepod-256", "llama3-8b", TrainSpec(global_batch=512))
+    best = choose_mesh("tpu-v5litepod-128", "llama3-8b", TrainSpec(global_batch=512))
     first = data["ranking"]["choices"][0]
     assert code == 0 and first["mesh"] == best[0].estimate.mesh
     assert (first["remat"], first["microbatches"]) == (

@@ -161,8 +161,8 @@ def test_choose_finds_a_recipe_where_the_plain_step_fits_nowhere():
     model, train = ModelSpec.from_name("llama3-8b"), TrainSpec(global_batch=512)
     plain = [{"remat": "full", "microbatches": 1, "logits_chunks": 1}]
     with pytest.raises(MeshConfigError, match=r"fits no mesh .* with any recipe searched"):
-        choose_mesh("tpu-v5litepod-256", model, train, recipes=plain)
-    ranking = choose_mesh("tpu-v5litepod-256", model, train)
+        choose_mesh("tpu-v5litepod-128", model, train, recipes=plain)
+    ranking = choose_mesh("tpu-v5litepod-128", model, train)
     best = ranking[0]
     assert best.estimate.fits and best.train.global_batch == 512
     assert (best.train.microbatches, best.train.logits_chunks) != (1, 1) or (
