@@ -3,8 +3,8 @@
 The step time is cost/time.py's, term by term: matmuls (by shape) and attention kernels at the
 calibrated share of the peak, memory-bound operations at HBM bandwidth, collectives inside a
 granule hidden up to the compute where they overlap (FSDP gathers, gradient reductions) and
-exposed where they feed the next operation (tensor-parallel all-reduces, sequence gathers),
-collectives across granules exposed, host-offload copies hidden behind their own pass.
+exposed where they feed the next operation (tensor-parallel gathers and reductions, sequence
+gathers), collectives across granules exposed, host-offload copies hidden behind their own pass.
 """
 
 from __future__ import annotations
