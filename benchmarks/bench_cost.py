@@ -2,8 +2,10 @@
 
 For each case the plan is made on the compile-only devices (libtpu for TPU, XLA's CUDA client
 for GPU), `estimate` reads it, and `compile_step` compiles the reference step for it. Printed:
-memory per device (estimate / compiled; where the TPU compiler refuses, the step as written, and
-beside it the figure its own extra remat squeezed it to), host memory where the recipe offloads
+memory per device (estimate / compiled: on GPU `memory_analysis()`'s sum, the allocator's peak;
+on TPU what libtpu's buffer assignment gives the program, which its HBM check counts, with the
+sum beside it; where the TPU compiler refuses, the step as written, and beside it the figure
+its own extra remat squeezed it to), host memory where the recipe offloads
 (estimate / the compiler's host temp bytes), whether both say it fits, and per mesh
 axis the collective bytes per step (estimate / compiled). Collectives the compiler runs over
 several axes at once join those axes into one row. GPU rows also compare the bytes that cross
@@ -163,7 +165,8 @@ def compare(case: tuple[Any, ...], cache: Path | None) -> dict[str, Any]:
     return {
         "case": case,
         "mesh": "x".join(f"{k}{v}" for k, v in plan.shape.items() if v > 1),
-        "memory": (est.memory_bytes, report["total_bytes"]),
+        "memory": (est.memory_bytes, report.get("assigned_bytes") or report["total_bytes"]),
+        "sum": report["total_bytes"] if report.get("assigned_bytes") else None,
         "host": (est.host_bytes, report.get("host_bytes") or 0),
         "fits": (est.fits, report["fits"]),
         "squeezed": report.get("squeezed_bytes"),
@@ -216,6 +219,8 @@ def main() -> None:
         host = "-"
         if host_want or host_got:
             host = f"{host_want / 1e9:.2f}/{host_got / 1e9:.2f} ({_ratio(host_want, host_got)})"
+        if r["sum"] is not None:
+            memory += f"; sum {r['sum'] / 1e9:.2f}"
         if r["squeezed"] is not None:
             memory += f"; refused, squeezed to {r['squeezed'] / 1e9:.2f}"
         cells = [

@@ -104,6 +104,11 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
     lines.append(f"memory     {size_text(report.total_bytes)} per device{_judged(report)}")
     if report.hbm_bytes is not None and report.hardware.startswith("gpu-"):
         lines.append("           " + _gpu_pool(report.hbm_bytes))
+    if report.assigned_bytes is not None:
+        lines.append(
+            f"           libtpu assigns {size_text(report.assigned_bytes)} (arguments and its "
+            "temp block: what its HBM check counts)"
+        )
     if report.argument_bytes is not None:
         parts = ("argument", "output", "temp", "alias")
         lines.append(
@@ -163,9 +168,11 @@ def _judged(report: CompileReport) -> str:
     if report.hbm_bytes is not None:
         verdict = "fits" if report.fits else "does NOT fit"
         if report.fits and report.total_bytes > report.hbm_bytes:  # TPU: the compiler judged
+            assigned = report.assigned_bytes
             verdict = (
-                "fits by the compiler's own check (libtpu refuses a program over its HBM; "
-                "memory_analysis() counts temporaries beyond the buffers it assigns)"
+                "fits by the compiler's own check (libtpu refuses a program over its HBM"
+                + ("" if assigned is None else f" and assigns it {size_text(assigned)}")
+                + "; memory_analysis() counts temporaries beyond the buffers it assigns)"
             )
         return f" of {size_text(report.hbm_bytes)}: {verdict}"
     if report.hardware.startswith("cpu-"):

@@ -14,8 +14,10 @@ without either.
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..cost.facts import device_facts
@@ -39,6 +41,7 @@ _SCALE = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # Out of HBM, libtpu rematerialises buffers beyond the step's own remat policy before it gives
 # up, so its figure is for a rewritten step. With no buffer large enough to be a candidate
 # (1 PiB) it reports the step as written.
+_ASSIGNED = re.compile(r"Memory Space: default \(color=0\)\s+Total bytes: (\d+)")
 _AS_WRITTEN = {"xla_tpu_rematerialization_min_size_in_bytes": 2**50}
 
 
@@ -92,6 +95,10 @@ class CompileReport:
     # The compiled program's lower bound on its run time (roofline.py), None where the
     # catalogue lacks the chip's peak or HBM bandwidth or an operation was not counted.
     roofline_seconds: float | None = None
+    # TPU: the device memory libtpu's buffer assignment gives the program (its arguments and
+    # its preallocated temp block), what its own HBM check counts; `memory_analysis()`'s temp
+    # can exceed that block by GBs. None on other platforms and on refusal.
+    assigned_bytes: int | None = None
 
     def bytes_across(self) -> dict[str, int | None]:
         """Collective bytes per step: in all, inside hosts, across hosts and across granules
@@ -149,8 +156,11 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     )
     start = time.perf_counter()
     lowered = step.fn.lower(*step.abstract_args())
+    dump = tempfile.TemporaryDirectory() if platform == "tpu" else None
     try:
-        compiled = lowered.compile()
+        options = {"xla_dump_to": dump.name} if dump is not None else None
+        compiled = lowered.compile(compiler_options=options)
+        assigned = None if dump is None else _assigned_bytes(Path(dump.name))
     except jax.errors.JaxRuntimeError as err:
         squeezed, have = _refusal(err)
         as_written = squeezed
@@ -172,6 +182,9 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
             message=str(err).strip().splitlines()[0],
             squeezed_bytes=squeezed,
         )
+    finally:
+        if dump is not None:
+            dump.cleanup()
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     total = held_bytes(memory)
@@ -209,7 +222,18 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         collectives=items,
         host_bytes=on_host,
         roofline_seconds=_roofline(hlo.text, spec),
+        assigned_bytes=assigned,
     )
+
+
+def _assigned_bytes(dump: Path) -> int | None:
+    """The default memory space's total in the compiler's memory-usage report (arguments and
+    the preallocated temp block), None where the compiler wrote none."""
+    for report in sorted(dump.glob("*memory-usage-report.txt")):
+        found = _ASSIGNED.search(report.read_text())
+        if found is not None:
+            return int(found[1])
+    return None
 
 
 def _roofline(text: str, spec: Any) -> float | None:

@@ -32,6 +32,8 @@ def test_the_report(fsdp_tp):
     parts = (report.argument_bytes, report.output_bytes, report.temp_bytes, report.alias_bytes)
     assert report.total_bytes == parts[0] + parts[1] + parts[2] - parts[3] > 0
     assert report.hbm_bytes == int(15.75 * 2**30) and report.fits is True
+    # libtpu's own buffer assignment: the arguments plus its temp block, below the sum
+    assert parts[0] < report.assigned_bytes <= report.total_bytes
     # Arguments: parameters and two Adam moments (float32, sharded by the layout) and a batch.
     r = roles(tuple(plan.shape.items()), plan.batch_axis_names)
     params = sum(np.prod(s) * 4 // r.shards(axes) for s, axes in param_shapes(TINY).values())

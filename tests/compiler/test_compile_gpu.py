@@ -57,6 +57,7 @@ def test_memory_and_fit_against_the_gpu_pool(tiny_on_two_hosts):
     assert fraction.value == 0.75 and fraction.source == ("J-gpumem",)
     assert report.hbm_bytes == int(0.75 * device_memory(H100))
     assert report.fits is True and report.total_bytes < report.hbm_bytes
+    assert report.assigned_bytes is None  # only libtpu's assignment is read (TPU)
 
 
 def test_collectives_inside_and_across_hosts(tiny_on_two_hosts):
