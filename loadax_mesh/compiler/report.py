@@ -38,10 +38,11 @@ _REFUSAL = re.compile(
     r"required for [\w ]+\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)"
 )
 _SCALE = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# The compiler's memory-usage report (`xla_dump_to`): the default memory space's total.
+_ASSIGNED = re.compile(r"Memory Space: default \(color=0\)\s+Total bytes: (\d+)")
 # Out of HBM, libtpu rematerialises buffers beyond the step's own remat policy before it gives
 # up, so its figure is for a rewritten step. With no buffer large enough to be a candidate
 # (1 PiB) it reports the step as written.
-_ASSIGNED = re.compile(r"Memory Space: default \(color=0\)\s+Total bytes: (\d+)")
 _AS_WRITTEN = {"xla_tpu_rematerialization_min_size_in_bytes": 2**50}
 
 

@@ -104,9 +104,9 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
         chunks = train.logits_chunks
         if chunks > 1:  # the loss's scan gathers the unembedding in every chunk, forward and
             # recompute, and reduces its gradient per chunk (measured: bench_cost)
-            table, again, grads = sh.vocab * d * cd, (2 * chunks - 1) * M, (chunks - 1) * M
+            table, gathers, grads = sh.vocab * d * cd, (2 * chunks - 1) * M, (chunks - 1) * M
             found += [
-                Collective(a, "all-gather", "unembedding per chunk", table, again, True),
+                Collective(a, "all-gather", "unembedding per chunk", table, gathers, True),
                 Collective(
                     a, "reduce-scatter", "unembedding gradient per chunk", table, grads, True
                 ),

@@ -101,6 +101,25 @@ def test_logits_chunks_divide_the_logits_and_recompute_the_head():
     assert four.axes["fsdp"].bytes == one.axes["fsdp"].bytes + 10 * V * D * CD
 
 
+def test_tensor_parallel_traffic_follows_the_hidden_cut_stream():
+    """Per layer under full remat: 10 activation gathers (forward 2, recompute 2, backward 6:
+    each matmul gathers what it needs whole) and 5 reduce-scatters; without a recompute 8 and
+    4. Logits chunks change none of it."""
+
+    def tensor(**recipe):
+        plan = MeshConfig.from_preset("fsdp_tp", tp=2).plan(simulate_devices("tpu-v5p-16"))
+        e = estimate(plan, SMALL, TrainSpec(global_batch=8, **recipe))
+        return {c.what: (c.kind, c.count) for c in e.axes["model"].collectives}
+
+    full = tensor(remat="full")
+    assert full["hidden-cut activations"] == ("all-gather", 10 * L + 3)
+    assert full["block outputs and gradients"] == ("reduce-scatter", 5 * L + 1)
+    dots = tensor(remat="dots")
+    assert dots["hidden-cut activations"][1] == 8 * L + 3
+    assert dots["block outputs and gradients"][1] == 4 * L + 1
+    assert tensor(remat="full", logits_chunks=4) == full
+
+
 def test_recompute_flops_follow_the_placement():
     ops = op_flops(SMALL)
     assert sum(ops.values()) == 2 * (SMALL.layer_params - 2 * D) + 2 * S * 8 * 128
