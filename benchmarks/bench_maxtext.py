@@ -6,6 +6,9 @@ For each case: plan on libtpu's compile-only devices, compile the reference step
 per device and MaxText's (argument + output + temp - alias from `memory_analysis()`, and the
 host bytes of an offload recipe), their ratio and whether both fit. Target: MaxText compiles
 every export, fits where `compile_step` says it fits, and its memory is within 25% of ours.
+Beside the sums, each side's libtpu buffer assignment (arguments and the temp block, what
+libtpu's own HBM check counts: `CompileReport.assigned_bytes`, and for MaxText the memory-usage
+report of its train step, dumped with `--xla_dump_to`).
 
 MaxText is not part of this project: install it outside the repository in a venv of its own
 (shared/facts/maxtext_reference.md) and give its source and python:
@@ -25,6 +28,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +64,7 @@ report = compile_step(plan, spec, train)
 print("RESULT " + json.dumps({
     "args": config.args(), "notes": list(config.notes), "order": config.order.lines("MaxText"),
     "total": report.total_bytes, "host": report.host_bytes, "fits": report.fits,
+    "assigned": report.assigned_bytes,
     "hbm": report.hbm_bytes, "seconds": report.compile_seconds,
     "mesh": "x".join(f"{k}{v}" for k, v in report.mesh.items() if v > 1),
     "recipe": f"{train.remat_text} x{train.microbatches} /{train.logits_chunks}",
@@ -97,6 +102,17 @@ def maxtext_memory(out: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line[1])}
 
 
+def _assigned(dump: Path) -> int | None:
+    """The default memory space's total in the memory-usage report of MaxText's train step."""
+    for report in sorted(dump.glob("*train_step*memory-usage-report.txt")):
+        found = re.search(
+            r"Memory Space: default \(color=0\)\s+Total bytes: (\d+)", report.read_text()
+        )
+        if found:
+            return int(found[1])
+    return None
+
+
 def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any]:
     hw = case[0]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -116,7 +132,10 @@ def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any
         "dump_hlo=false",
     ]
     start = time.perf_counter()
-    out = _run(cmd, str(maxtext), env)
+    with tempfile.TemporaryDirectory() as dump:
+        flags = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
+        out = _run(cmd, str(maxtext), {**env, "XLA_FLAGS": flags})
+        assigned = _assigned(Path(dump))
     stats = maxtext_memory(out)
     theirs = (
         stats["argument_size_in_bytes"]
@@ -129,6 +148,7 @@ def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any
         "ours": ours,
         "maxtext_total": theirs,
         "maxtext_host": stats.get("host_temp_size_in_bytes", 0),
+        "maxtext_assigned": assigned,
         "maxtext_fits": theirs <= ours["hbm"],
         "maxtext_seconds": time.perf_counter() - start,
     }
@@ -150,12 +170,20 @@ def row(r: dict[str, Any]) -> list[str]:
         f"{ratio:.2f}",
         host,
         f"{o['fits']}/{r['maxtext_fits']}",
+        _gb_pair(o.get("assigned"), r.get("maxtext_assigned")),
         "ok" if ok else "MISS",
     ]
 
 
 HEAD = ["plan", "model x batch", "recipe", "ours GB", "MaxText GB", "ratio", "host GB o/M",
-        "fits o/M", ""]  # fmt: skip
+        "fits o/M", "assigned GB o/M", ""]  # fmt: skip
+
+
+def _gb_pair(ours: int | None, theirs: int | None) -> str:
+    """Both sides' libtpu assignments and their ratio (MaxText's over ours)."""
+    if not ours or not theirs:
+        return "-"
+    return f"{ours / 1e9:.2f} / {theirs / 1e9:.2f} ({theirs / ours:.2f})"
 
 
 def main() -> None:
@@ -178,7 +206,11 @@ def main() -> None:
         for line in [*r["ours"]["order"], " ".join(r["ours"]["args"])]:
             print(f"    {line}", flush=True)
     if args.markdown:
-        print("\n".join("| " + " | ".join(x) + " |" for x in [rows[0], ["---"] * 9, *rows[1:]]))
+        print(
+            "\n".join(
+                "| " + " | ".join(x) + " |" for x in [rows[0], ["---"] * len(HEAD), *rows[1:]]
+            )
+        )
 
 
 if __name__ == "__main__":
