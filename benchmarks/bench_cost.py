@@ -83,6 +83,8 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v6e-16", "mesh:fsdp=8,model=2", "llama3-8b", 48, "dots_attention", 6, 1),
     # The residual stream cut over the tensor axis: the plain step's best for 8B on v5e-256
     ("tpu-v5litepod-256", "mesh:fsdp=128,model=2", "llama3-8b", 512, "full", 1, 1),
+    # choose_mesh's 405B pick on a full v5p pod (bench_choose): tensor 8 beside data over DCN
+    ("tpu-v5p-17920", "mesh:data=35,fsdp=32,model=8", "llama3-405b", 4480, "dots_attention", 4, 1),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 
