@@ -223,6 +223,8 @@ def main() -> None:
             host = f"{host_want / 1e9:.2f}/{host_got / 1e9:.2f} ({_ratio(host_want, host_got)})"
         if r["sum"] is not None:
             memory += f"; sum {r['sum'] / 1e9:.2f}"
+        elif hardware.startswith("tpu") and r["squeezed"] is None:
+            memory += " (the sum: no assignment in this report)"
         if r["squeezed"] is not None:
             memory += f"; refused, squeezed to {r['squeezed'] / 1e9:.2f}"
         cells = [

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadax_mesh.compiler.report import assigned_bytes
+
 # (hardware, preset, model, global batch, recipe as TrainSpec keywords)
 # "auto": choose_mesh's winner with the recipe it chose (the recipe given is then empty)
 CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
@@ -102,17 +104,6 @@ def maxtext_memory(out: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line[1])}
 
 
-def _assigned(dump: Path) -> int | None:
-    """The default memory space's total in the memory-usage report of MaxText's train step."""
-    for report in sorted(dump.glob("*train_step*memory-usage-report.txt")):
-        found = re.search(
-            r"Memory Space: default \(color=0\)\s+Total bytes: (\d+)", report.read_text()
-        )
-        if found:
-            return int(found[1])
-    return None
-
-
 def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any]:
     hw = case[0]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -135,7 +126,7 @@ def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any
     with tempfile.TemporaryDirectory() as dump:
         flags = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
         out = _run(cmd, str(maxtext), {**env, "XLA_FLAGS": flags})
-        assigned = _assigned(Path(dump))
+        assigned = assigned_bytes(Path(dump), "train_step")
     stats = maxtext_memory(out)
     theirs = (
         stats["argument_size_in_bytes"]

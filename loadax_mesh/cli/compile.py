@@ -168,11 +168,9 @@ def _judged(report: CompileReport) -> str:
     if report.hbm_bytes is not None:
         verdict = "fits" if report.fits else "does NOT fit"
         if report.fits and report.total_bytes > report.hbm_bytes:  # TPU: the compiler judged
-            assigned = report.assigned_bytes
             verdict = (
-                "fits by the compiler's own check (libtpu refuses a program over its HBM"
-                + ("" if assigned is None else f" and assigns it {size_text(assigned)}")
-                + "; memory_analysis() counts temporaries beyond the buffers it assigns)"
+                "fits by the compiler's own check (libtpu refuses a program over its HBM; "
+                "memory_analysis() counts temporaries beyond the buffers it assigns)"
             )
         return f" of {size_text(report.hbm_bytes)}: {verdict}"
     if report.hardware.startswith("cpu-"):

@@ -6,7 +6,9 @@ catalogue's host memory per device; FLOPs per step (flops.py: XLA's own cost ana
 loop bodies counted once per trip, cuDNN attention counted from its shapes), the program's own
 roofline (roofline.py: per operation max(FLOPs / peak, bytes / HBM bandwidth)), and every
 collective of the optimised HLO with its bytes, how often a step runs it, the mesh axes its
-groups span and how many of its bytes cross hosts and granules (host_split.py). On libtpu's or
+groups span and how many of its bytes cross hosts and granules (host_split.py). On TPU also
+the memory libtpu's buffer assignment gives the program (read from its dumped memory-usage
+report), which is what its own HBM check counts. On libtpu's or
 XLA's CUDA client's compile-only devices this is the real TPU or GPU compiler, on a machine
 without either.
 """
@@ -98,7 +100,8 @@ class CompileReport:
     roofline_seconds: float | None = None
     # TPU: the device memory libtpu's buffer assignment gives the program (its arguments and
     # its preallocated temp block), what its own HBM check counts; `memory_analysis()`'s temp
-    # can exceed that block by GBs. None on other platforms and on refusal.
+    # can exceed that block by GBs. None on other platforms, on refusal, and where the program
+    # came from jax's compilation cache (no report written).
     assigned_bytes: int | None = None
 
     def bytes_across(self) -> dict[str, int | None]:
@@ -157,36 +160,34 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     )
     start = time.perf_counter()
     lowered = step.fn.lower(*step.abstract_args())
-    dump = tempfile.TemporaryDirectory() if platform == "tpu" else None
-    try:
-        options = {"xla_dump_to": dump.name} if dump is not None else None
-        compiled = lowered.compile(compiler_options=options)
-        assigned = None if dump is None else _assigned_bytes(Path(dump.name))
-    except jax.errors.JaxRuntimeError as err:
-        squeezed, have = _refusal(err)
-        as_written = squeezed
-        try:  # the same refusal, with the compiler's extra remat off (seconds: it fails early)
-            lowered.compile(compiler_options=_AS_WRITTEN)
-        except jax.errors.JaxRuntimeError as again:
-            as_written = _refusal(again)[0]
-        return CompileReport(
-            **{**common, "hbm_bytes": have},  # type: ignore[arg-type]
-            compile_seconds=time.perf_counter() - start,
-            argument_bytes=None,
-            output_bytes=None,
-            temp_bytes=None,
-            alias_bytes=None,
-            total_bytes=as_written,
-            fits=False,
-            flops=None,
-            collectives=(),
-            message=str(err).strip().splitlines()[0],
-            squeezed_bytes=squeezed,
-        )
-    finally:
-        if dump is not None:
-            dump.cleanup()
-    seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as dump:
+        try:  # on TPU the compiler also writes its buffer assignment's report into `dump`
+            compiled = lowered.compile(
+                compiler_options={"xla_dump_to": dump} if platform == "tpu" else None
+            )
+        except jax.errors.JaxRuntimeError as err:
+            squeezed, have = _refusal(err)
+            as_written = squeezed
+            try:  # the same refusal with the compiler's extra remat off (fails early: seconds)
+                lowered.compile(compiler_options=_AS_WRITTEN)
+            except jax.errors.JaxRuntimeError as again:
+                as_written = _refusal(again)[0]
+            return CompileReport(
+                **{**common, "hbm_bytes": have},  # type: ignore[arg-type]
+                compile_seconds=time.perf_counter() - start,
+                argument_bytes=None,
+                output_bytes=None,
+                temp_bytes=None,
+                alias_bytes=None,
+                total_bytes=as_written,
+                fits=False,
+                flops=None,
+                collectives=(),
+                message=str(err).strip().splitlines()[0],
+                squeezed_bytes=squeezed,
+            )
+        seconds = time.perf_counter() - start
+        assigned = assigned_bytes(Path(dump)) if platform == "tpu" else None
     memory = compiled.memory_analysis()
     total = held_bytes(memory)
     on_host = host_held_bytes(memory)
@@ -227,10 +228,12 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     )
 
 
-def _assigned_bytes(dump: Path) -> int | None:
-    """The default memory space's total in the compiler's memory-usage report (arguments and
-    the preallocated temp block), None where the compiler wrote none."""
-    for report in sorted(dump.glob("*memory-usage-report.txt")):
+def assigned_bytes(dump: Path, module: str = "") -> int | None:
+    """From an `xla_dump_to` directory: the default memory space's total in the memory-usage
+    report of the module whose name contains `module` (arguments and the preallocated temp
+    block), None where the compiler wrote none."""
+    named = f"*{module}*" if module else "*"
+    for report in sorted(dump.glob(named + "memory-usage-report.txt")):
         found = _ASSIGNED.search(report.read_text())
         if found is not None:
             return int(found[1])

@@ -3,8 +3,9 @@ recipe (remat placement, micro-batches, logits chunks) of the search, estimated;
 that fit ranked by step time, each with its fastest recipe.
 
 Candidates are the ordered factorisations of the device count over the axes that the model
-divides (heads, kv heads, d_ff and vocabulary by the tensor axis; d_model by FSDP; the sequence
-by the sequence axis; the global batch by the batch axes), times every way of spreading the
+divides (heads, kv heads, d_ff, vocabulary and the residual stream's d_model by the tensor
+axis; d_model by FSDP; the sequence by the sequence axis; the global batch by the batch axes),
+times every way of spreading the
 granules (slices, NVLink domains) over them. Pruned, and counted: tensor or sequence axes across
 granules (their collectives are exposed, DCN makes them strictly slower than the same shape with
 that factor on a batch axis). Memory does not depend on device order, so candidates that do not

@@ -121,8 +121,9 @@ def step_time(
     chunked = train.logits_chunks > 1  # each chunk's logits recomputed in the backward pass
     matmuls += head * (3 + chunked)
     kernels = L * (attention(fwd_pair) * (1 + attention_again) + attention(bwd_pair))
-    elementwise_fwd = (10 * d + 2 * (h + kv) * hd + 3 * f) * cd
-    elementwise_bwd = (12 * d + 2 * (h + kv) * hd + 5 * f) * cd
+    stream = d // m  # the residual stream's hidden dim is cut over the tensor axis
+    elementwise_fwd = (10 * stream + 2 * (h + kv) * hd + 3 * f) * cd
+    elementwise_bwd = (12 * stream + 2 * (h + kv) * hd + 5 * f) * cd
     again = elementwise_fwd if recomputed or attention_again else 0
     loss = (5 + 2 * chunked) * v * cd  # logits written, read twice; gradient read and written
     per_token = L * (elementwise_fwd + elementwise_bwd + again) + loss

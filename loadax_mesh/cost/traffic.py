@@ -13,14 +13,16 @@ device and per step. What each role's axis carries:
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
 - Tensor (`model`): the residual stream is cut over it (workload.layout's `hidden`). Per layer
   the forward pass gathers the two norms' outputs for their matmuls and reduce-scatters the two
-  blocks' outputs; the backward pass gathers each operand a matmul needs whole once per matmul
-  that uses it (XLA's partitioner reshards every dot's operands for that dot, LLaMA-3 70B on
-  GPU: optimised HLO): the norms' outputs for their weight gradients, and the output
-  gradients of the attention and MLP blocks for their input and their weight gradients, and it
-  reduce-scatters the norms' output gradients; a full-remat recompute gathers both norms'
-  outputs again and reduce-scatters the attention half's. Outside the layers: the lookup's
-  all-reduce and its gradient's gather, the final norm's output gathered for the logits and
-  for the unembedding's gradient, and its gradient reduce-scattered. (The TPU compiler runs
+  blocks' outputs; the backward pass gathers a hidden-cut operand again for each use that
+  needs it whole (XLA's partitioner reshards operands per use; LLaMA-3 70B on GPU, optimised
+  HLO): each norm's output once for its projections' weight gradients, and the output
+  gradients of the attention and MLP blocks twice, for their input and their weight
+  gradients; it reduce-scatters the norms' output gradients. A recompute gathers a norm's
+  output again where it recomputes the projections reading it (q, k, v; gate and up), and
+  reduce-scatters the attention half's output where it recomputes the output projection.
+  Outside the layers: the lookup's all-reduce and its gradient's gather, the final norm's
+  output gathered for the logits and for the unembedding's gradient, and its gradient
+  reduce-scattered. (The TPU compiler runs
   some inside the matmuls as permute rings, and some reduce-scatters as all-reduces, which
   report their buffer once and move it twice: bench_cost.)
 - Sequence: per layer keys and values gathered along the sequence (forward, and again for a
@@ -92,6 +94,9 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
     # the keys and values (recomputed for the attention kernel's backward pass).
     again = int(placed["out_proj"] == "recompute")
     kv_again = int("recompute" in (placed["key"], placed["value"]))
+    # The norms' outputs gathered again to recompute the projections that read them.
+    norms_again = int("recompute" in (placed["query"], placed["key"], placed["value"]))
+    norms_again += int(placed["mlp_in"] == "recompute")
     found: list[Collective] = []
     if roles.fsdp is not None and roles.size("fsdp") > 1:
         a = roles.fsdp
@@ -104,9 +109,9 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
         chunks = train.logits_chunks
         if chunks > 1:  # the loss's scan gathers the unembedding in every chunk, forward and
             # recompute, and reduces its gradient per chunk (measured: bench_cost)
-            table, gathers, grads = sh.vocab * d * cd, (2 * chunks - 1) * M, (chunks - 1) * M
+            table, per_chunk, grads = sh.vocab * d * cd, (2 * chunks - 1) * M, (chunks - 1) * M
             found += [
-                Collective(a, "all-gather", "unembedding per chunk", table, gathers, True),
+                Collective(a, "all-gather", "unembedding per chunk", table, per_chunk, True),
                 Collective(
                     a, "reduce-scatter", "unembedding gradient per chunk", table, grads, True
                 ),
@@ -115,7 +120,7 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
         found.append(Collective(a, "all-reduce", "gradient shards", shard, M, True))
     if roles.model is not None and m > 1:
         activation = sh.micro_rows * sh.seq * d * cd
-        gathers = (L * (2 + 6 + 2 * again) + 3) * M
+        gathers = (L * (2 + 6 + norms_again) + 3) * M
         reductions = (L * (2 + 2 + again) + 1) * M
         found += [
             Collective(roles.model, "all-gather", "hidden-cut activations", activation,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
+from loadax_mesh.cli.args import size_text
 from loadax_mesh.cli.main import main
 from loadax_mesh.cost import estimate
 from loadax_mesh.workload import ModelSpec, TrainSpec, list_models
@@ -78,6 +79,11 @@ def test_compile_auto_compiles_a_winner_that_fits(capsys):
     data = json.loads(out)
     best = choose_mesh("tpu-v5litepod-8", ModelSpec.from_name("tiny"), TrainSpec(global_batch=64))
     assert code == 0 and data["fits"] is True and data["mesh"] == best[0].estimate.mesh
+    # libtpu's own buffer assignment, carried and printed beside memory_analysis()'s sum
+    assert data["argument_bytes"] < data["assigned_bytes"] <= data["total_bytes"]
+    code, out, _ = run(capsys, *argv, "--global-batch", "64")
+    assigned = size_text(data["assigned_bytes"])
+    assert code == 0 and f"libtpu assigns {assigned} (arguments and its temp block" in out
 
 
 def test_auto_refuses_the_flags_it_would_ignore_and_strategy_is_named(capsys):
