@@ -140,7 +140,8 @@ def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any
         "maxtext_total": theirs,
         "maxtext_host": stats.get("host_temp_size_in_bytes", 0),
         "maxtext_assigned": assigned,
-        "maxtext_fits": theirs <= ours["hbm"],
+        # judged as compile_step judges ours on TPU: by libtpu's own assignment where dumped
+        "maxtext_fits": (assigned or theirs) <= ours["hbm"],
         "maxtext_seconds": time.perf_counter() - start,
     }
 

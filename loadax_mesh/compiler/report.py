@@ -8,9 +8,8 @@ roofline (roofline.py: per operation max(FLOPs / peak, bytes / HBM bandwidth)), 
 collective of the optimised HLO with its bytes, how often a step runs it, the mesh axes its
 groups span and how many of its bytes cross hosts and granules (host_split.py). On TPU also
 the memory libtpu's buffer assignment gives the program (read from its dumped memory-usage
-report), which is what its own HBM check counts. On libtpu's or
-XLA's CUDA client's compile-only devices this is the real TPU or GPU compiler, on a machine
-without either.
+report), which is what its own HBM check counts. On libtpu's or XLA's CUDA client's
+compile-only devices this is the real TPU or GPU compiler, on a machine without either.
 """
 
 from __future__ import annotations
@@ -132,8 +131,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     devices). A TPU compile refused for lack of HBM gives a report with `fits` False, what the
     step as written needs and what the compiler's extra remat got it down to; one it compiled
     fits its device memory by the compiler's own check. The GPU compiler never refuses, and
-    `fits` compares its figures with the catalogue's. Any other compile
-    error propagates."""
+    `fits` compares its figures with the catalogue's. Any other compile error propagates."""
     import jax
 
     from ..hardware.strings import catalogue_spec

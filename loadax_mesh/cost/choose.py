@@ -3,15 +3,14 @@ recipe (remat placement, micro-batches, logits chunks) of the search, estimated;
 that fit ranked by step time, each with its fastest recipe.
 
 Candidates are the ordered factorisations of the device count over the axes that the model
-divides (heads, kv heads, d_ff, vocabulary and the residual stream's d_model by the tensor
-axis; d_model by FSDP; the sequence by the sequence axis; the global batch by the batch axes),
-times every way of spreading the
-granules (slices, NVLink domains) over them. Pruned, and counted: tensor or sequence axes across
-granules (their collectives are exposed, DCN makes them strictly slower than the same shape with
-that factor on a batch axis). Memory does not depend on device order, so candidates that do not
-fit are dropped before planning; the rest are estimated with perfect rings first, which bounds
-their real time from below, and only those whose bound can still reach the top are planned by
-the real planner and estimated on its rings.
+divides (heads, kv heads, d_ff, vocabulary and the residual stream's d_model by the tensor axis;
+d_model by FSDP; the sequence by the sequence axis; the global batch by the batch axes), times
+every way of spreading the granules (slices, NVLink domains) over them. Pruned, and counted:
+tensor or sequence axes across granules (their collectives are exposed, DCN makes them strictly
+slower than the same shape with that factor on a batch axis). Memory does not depend on device
+order, so candidates that do not fit are dropped before planning; the rest are estimated with
+perfect rings first, which bounds their real time from below, and only those whose bound can
+still reach the top are planned by the real planner and estimated on its rings.
 
 Recipes (`recipe_space`): per mesh, for each remat placement and logits-chunk count, only the
 fewest micro-batches that fit are timed (more only add weight gathers, never speed). Memory is

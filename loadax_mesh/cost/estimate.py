@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 OVERLAP = (
     "inside granules, FSDP gathers and gradient reductions hide behind compute, tensor-parallel "
-    "all-reduces and sequence gathers are exposed; collectives across granules are exposed; "
+    "and sequence collectives are exposed; collectives across granules are exposed; "
     "offload copies hide behind their own pass's compute on TPU (out: forward, in: backward) "
     "and wait on GPU; "
     "step = max(compute, hidden) + exposed + across granules + exposed offload"

@@ -231,8 +231,7 @@ def layer_bytes(
     in the layout their producer gave them (head_dim minor for the attention kernel's operands);
     else all of them, as temporaries of the layer being differentiated, which the compiler lays
     out freely."""
-    platform = _platform(tile)
-    kernel = implementation(train.attention, platform)
+    kernel = _kernel(train, tile)
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
     keep = _kept(train, found, where, kernel) if saved else found
     return sum(
@@ -251,10 +250,7 @@ def working_bytes(
     everything = layer_bytes(model, train, sh, roles, tile, saved=False)
     if isinstance(train.remat, str) and train.remat in _WORKING:
         return _WORKING[train.remat] * everything
-    platform = _platform(tile)
-    found = _intermediates(
-        model, train, sh, roles, splash=implementation(train.attention, platform) == "splash"
-    )
+    found = _intermediates(model, train, sh, roles, splash=_kernel(train, tile) == "splash")
     again = (n for t, p in train.placements.items() if p == "recompute" for n in PARTS[t])
     return everything + sum(stored(*found[n], tile) for n in again if n in found)
 
@@ -355,6 +351,11 @@ def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
 def _platform(tile: tuple[int, int] | None) -> str:
     """The platform whose memory the terms count: only TPU stores arrays in tiles."""
     return "tpu" if tile is not None else "gpu"
+
+
+def _kernel(train: TrainSpec, tile: tuple[int, int] | None) -> str:
+    """The attention implementation the step runs on that platform (splash on TPU)."""
+    return implementation(train.attention, _platform(tile))
 
 
 def _dp(roles: Roles) -> int:

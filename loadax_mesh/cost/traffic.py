@@ -22,9 +22,9 @@ device and per step. What each role's axis carries:
   reduce-scatters the attention half's output where it recomputes the output projection.
   Outside the layers: the lookup's all-reduce and its gradient's gather, the final norm's
   output gathered for the logits and for the unembedding's gradient, and its gradient
-  reduce-scattered. (The TPU compiler runs
-  some inside the matmuls as permute rings, and some reduce-scatters as all-reduces, which
-  report their buffer once and move it twice: bench_cost.)
+  reduce-scattered. (The TPU compiler runs some inside the matmuls as permute rings, and some
+  reduce-scatters as all-reduces, which report their buffer once and move it twice:
+  bench_cost.)
 - Sequence: per layer keys and values gathered along the sequence (forward, and again for a
   full-remat recompute) and their gradients reduce-scattered.
 An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase; the time
