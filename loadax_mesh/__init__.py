@@ -6,6 +6,8 @@ Every public name loads lazily (PEP 562), so planning for simulated hardware nev
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from . import presets as _presets
+
 __version__ = "0.1.0"
 
 _PUBLIC = {
@@ -61,6 +63,16 @@ if TYPE_CHECKING:
     from .rules import match_regex_rules
     from .shapes import HybridMeshShape, MeshShape, infer_mesh_shape
     from .workload.spec import ModelSpec, TrainSpec
+
+
+def _auto_preset(**options: Any) -> Any:
+    """`MeshConfig.from_preset("auto", ...)`: the winner of `choose_mesh` (cost/choose.py)."""
+    from .cost.choose import auto_preset
+
+    return auto_preset(**options)
+
+
+_presets.COMPUTED["auto"] = _auto_preset  # the core names no higher wing; its face does
 
 
 def __getattr__(name: str) -> Any:

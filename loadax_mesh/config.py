@@ -13,7 +13,7 @@ from .errors import MeshConfigError
 from .hardware.detect import detect_hardware
 from .hardware.devices import GranuleSpec
 from .plan import MeshPlan, plan_config
-from .presets import load_preset
+from .presets import COMPUTED, load_preset
 from .rules import match_regex_rules
 
 if TYPE_CHECKING:
@@ -117,10 +117,9 @@ class MeshConfig(ConfigFields):
         global_batch=...)` (and optionally `remat`, `attention`, `axes`) is the winner of
         `choose_mesh`.
         """
-        if name == "auto":  # the one arrow up: the cost model is the preset
-            from .cost.choose import auto_preset
-
-            return auto_preset(**overrides)
+        computed = COMPUTED.get(name)  # "auto": the cost model's choice
+        if computed is not None:
+            return computed(**overrides)
         fields = load_preset(name, **overrides)
         return cls(
             fields.mesh_shape, fields.mesh_axis_names, fields.batch_axis_names, fields.mesh_rules

@@ -13,6 +13,7 @@ import numpy as np
 from .config_data import ConfigFields
 from .errors import MeshConfigError
 from .hardware.devices import DeviceTable, GranuleSpec, SimulatedDevice, granule_keys, read_devices
+from .hardware.profile import HardwareProfile, hardware_profile
 from .quality import AxisQuality, axis_quality
 from .shapes import HybridMeshShape, MeshShape, check_shape, resolve_hybrid, split_mesh_shape
 from .solver.hybrid import Layout, granule_sizes, layout_devices
@@ -54,6 +55,12 @@ class MeshPlan:
         from .hardware.detect import name_devices
 
         return name_devices(self.table)
+
+    @property
+    def profile(self) -> HardwareProfile:
+        """The hardware string resolved against the catalogue (a MeshConfigError where it names
+        no catalogue hardware)."""
+        return hardware_profile(self.hardware)
 
     @property
     def num_granules(self) -> int:

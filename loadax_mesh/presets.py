@@ -18,6 +18,7 @@ An override `keyword=N` fixes that axis's size to N in the default shape and in 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -29,6 +30,11 @@ from .shapes import HybridMeshShape, MeshShape, check_size
 
 _KEYS = ("description", "fill_order", "overrides", "config")
 _PARTS = ("ici", "dcn")
+
+# Presets computed rather than read from a file: name -> a function of the preset's options that
+# returns a MeshConfig. The package's face (loadax_mesh/__init__.py) registers "auto", the cost
+# model's choice, so the planner's core holds no arrow up to the cost model.
+COMPUTED: dict[str, Callable[..., Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -52,9 +58,9 @@ def list_presets() -> list[str]:
 
 
 def strategy_names() -> list[str]:
-    """What `MeshConfig.from_preset` and the CLI's --strategy take: "auto" (the cost model's
-    choice) and every preset."""
-    return ["auto", *list_presets()]
+    """What `MeshConfig.from_preset` and the CLI's --strategy take: the computed presets ("auto":
+    the cost model's choice) and every preset file."""
+    return [*COMPUTED, *list_presets()]
 
 
 def get_preset(name: str) -> Preset:

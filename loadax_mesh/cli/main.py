@@ -220,7 +220,9 @@ def _devices(args: argparse.Namespace) -> tuple[list[Any], str]:
         devices: list[Any] = _jax_devices()
         return devices, detect_hardware(devices)
     if args.devices in ("aot", "libtpu") or args.command == "compile":
-        if args.devices == "libtpu" and not args.hardware.startswith("tpu-"):
+        from ..hardware.profile import hardware_profile
+
+        if args.devices == "libtpu" and hardware_profile(args.hardware).traits.compiler != "libtpu":
             raise UsageError(
                 f"--devices libtpu takes TPU strings, not {args.hardware!r}; accepted for "
                 "any TPU or GPU string: --devices aot"
@@ -239,8 +241,10 @@ def _device_notes(devices: Any) -> list[str]:
     real machine's (v4; GPU's slice_index)."""
     if not hasattr(devices, "difference"):
         return []
+    from ..hardware.profile import hardware_profile
+
     difference = devices.difference
-    client = "XLA's CUDA client" if devices.hardware.startswith("gpu-") else "libtpu"
+    client = hardware_profile(devices.hardware).traits.compiler
     notes = [f"devices: {client}'s compile-only devices for {devices.hardware}"]
     return notes + ([f"differs from the real machine: {difference}"] if difference else [])
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..hardware.devices import DeviceTable, read_devices
+from ..hardware.profile import platform_traits
 from ..hardware.strings import list_hardware, parse_hardware, simulate_devices
 from ..hardware.topology import DIFFERENCES
 
@@ -46,9 +47,9 @@ def catalogue_strings(platform: str = "tpu") -> list[str]:
         if t.platform != platform:
             continue
         strings += t.examples
-        if platform == "tpu" and t.multislice is not False:
+        if platform_traits(platform).multislice and t.multislice is not False:
             strings += [f"{t.examples[1]}-4", f"{t.examples[-2]}-2"]
-        if platform == "gpu" and t.nvlink_domain > 2 * t.devices_per_host:
+        if t.nvlink_domain > 2 * t.devices_per_host:  # a GPU type whose domain spans hosts
             strings.append(f"gpu-{t.key}-{2 * t.devices_per_host}")
     return strings
 
@@ -92,7 +93,7 @@ def compare(hardware: str, compiled: Any = None) -> Fidelity:
         real = read_devices(_first_cores(compiled, real))
     differences += [a for a in ATTRIBUTES[1:] if not _same(getattr(sim, a), getattr(real, a))]
     differences += ["ids"] * (not np.array_equal(sim.ids, real.ids))
-    if spec.platform == "gpu":
+    if platform_traits(spec.platform).nvlink_domains:
         differences += [f"raw {a}" for a in RAW if _carried(simulated, a) != _carried(compiled, a)]
     if "count" in differences:
         differences.append("plan")

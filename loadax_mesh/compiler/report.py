@@ -17,14 +17,18 @@ from __future__ import annotations
 import re
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cost.facts import device_facts
-from ..errors import MeshConfigError
 from ..hardware.catalogue import host_memory_per_device
 from ..hardware.gpu_targets import device_hbm
+from ..hardware.profile import (
+    HardwareProfile,
+    attention_kernel,
+    catalogue_profile,
+    platform_traits,
+)
 from .flops import step_flops
 from .hlo import Collective, HloText, collectives
 from .host_split import across_bytes
@@ -102,6 +106,8 @@ class CompileReport:
     # can exceed that block by GBs. None on other platforms, on refusal, and where the program
     # came from jax's compilation cache (no report written).
     assigned_bytes: int | None = None
+    # The hardware compiled for, where the catalogue names it.
+    profile: HardwareProfile | None = field(default=None, repr=False, compare=False)
 
     def bytes_across(self) -> dict[str, int | None]:
         """Collective bytes per step: in all, inside hosts, across hosts and across granules
@@ -120,7 +126,10 @@ class CompileReport:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """JSON-ready data: every field but the profile, whose platform it names instead."""
+        data = asdict(replace(self, profile=None))
+        data["profile"] = None if self.profile is None else self.profile.platform
+        data = {"platform" if k == "profile" else k: v for k, v in data.items()}
         data["collectives"] = [c.to_dict() for c in self.collectives]
         data["bytes_per_step"] = self.bytes_across()
         return data
@@ -134,35 +143,34 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     `fits` compares its figures with the catalogue's. Any other compile error propagates."""
     import jax
 
-    from ..hardware.strings import catalogue_spec
-    from ..workload.layout import implementation
     from ..workload.step import make_step
 
     mesh = plan.to_jax_mesh()
     step = make_step(mesh, model, train, batch_axes=plan.batch_axis_names)
     platform = mesh.devices.flat[0].platform
-    spec = catalogue_spec(plan.hardware)
-    hbm = device_hbm(spec.type) if spec is not None else None
-    host = host_memory_per_device(spec.type) if spec is not None else None
+    profile = catalogue_profile(plan.hardware)
+    hbm = device_hbm(profile.spec.type) if profile is not None else None
+    host = host_memory_per_device(profile.spec.type) if profile is not None else None
+    traits = platform_traits(platform)  # what the devices are, named in the catalogue or not
+    judges_fit = traits.compiler_judges_fit
     common = dict(
         hardware=plan.hardware,
         mesh=dict(mesh.shape),
         model=model.name,
         global_batch=train.global_batch,
         remat=train.remat_text,
-        attention=implementation(train.attention, platform),
+        attention=attention_kernel(train.attention, platform),
         hbm_bytes=None if hbm is None else int(hbm),
         host_memory_bytes=None if host is None else int(host),
         microbatches=train.microbatches,
         logits_chunks=train.logits_chunks,
+        profile=profile,
     )
     start = time.perf_counter()
     lowered = step.fn.lower(*step.abstract_args())
     with tempfile.TemporaryDirectory() as dump:
         try:  # on TPU the compiler also writes its buffer assignment's report into `dump`
-            compiled = lowered.compile(
-                compiler_options={"xla_dump_to": dump} if platform == "tpu" else None
-            )
+            compiled = lowered.compile(compiler_options=traits.compile_options(dump))
         except jax.errors.JaxRuntimeError as err:
             squeezed, have = _refusal(err)
             as_written = squeezed
@@ -185,7 +193,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
                 squeezed_bytes=squeezed,
             )
         seconds = time.perf_counter() - start
-        assigned = assigned_bytes(Path(dump)) if platform == "tpu" else None
+        assigned = assigned_bytes(Path(dump)) if judges_fit else None
     memory = compiled.memory_analysis()
     total = held_bytes(memory)
     on_host = host_held_bytes(memory)
@@ -217,11 +225,11 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         # count, which can be below `memory_analysis()`'s: its temp can exceed the preallocated
         # block the compiler assigns (MaxText's LLaMA 3.1 70B step on v6e-64, as published:
         # 35.04 GB against 33.55 usable, yet a 29.68 GB buffer assignment, and the run ran).
-        fits=_fits(None if platform == "tpu" else total, hbm, on_host, host),
+        fits=_fits(None if judges_fit else total, hbm, on_host, host),
         flops=step_flops(compiled, hlo),
         collectives=items,
         host_bytes=on_host,
-        roofline_seconds=_roofline(hlo.text, spec),
+        roofline_seconds=_roofline(hlo.text, profile),
         assigned_bytes=assigned,
     )
 
@@ -238,13 +246,10 @@ def assigned_bytes(dump: Path, module: str = "") -> int | None:
     return None
 
 
-def _roofline(text: str, spec: Any) -> float | None:
+def _roofline(text: str, profile: HardwareProfile | None) -> float | None:
     """The roofline of the compiled text on one device of the catalogue's hardware (None where
     the catalogue lacks the device's peak, HBM or HBM bandwidth)."""
-    try:
-        facts = None if spec is None else device_facts(spec)
-    except MeshConfigError:
-        return None
+    facts = None if profile is None else profile.device
     if facts is None or facts.hbm_bandwidth is None:
         return None
     found = roofline(text, peak_flops=facts.peak_flops, hbm_bandwidth=facts.hbm_bandwidth)

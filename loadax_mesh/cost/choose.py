@@ -28,13 +28,13 @@ from typing import Any
 
 from ..config import MeshConfig
 from ..errors import MeshConfigError
-from ..hardware.strings import parse_hardware, simulate_devices
+from ..hardware.profile import DeviceFacts, hardware_profile
+from ..hardware.strings import simulate_devices
 from ..plan import MeshPlan, plan_config
 from ..shapes import HybridMeshShape
 from ..workload.layout import ROLE_NAMES, Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .estimate import Estimate, estimate_parts, holds_tables
-from .facts import DeviceFacts, device_facts
 from .memory import host_bytes, memory_terms, phases
 
 AXES = ("data", "fsdp", "seq", "model")
@@ -109,8 +109,8 @@ def choose_mesh(
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")
     wanted = _check_recipes(recipes, train)
-    spec = parse_hardware(hardware)
-    facts = device_facts(spec)
+    profile = hardware_profile(hardware)
+    spec, facts = profile.spec, profile.facts()
     devices = simulate_devices(spec)
     batch = tuple(a for a in names if a in _BATCH)
     n, granules = spec.num_devices, spec.granules
@@ -217,8 +217,8 @@ def _fitting_recipes(
     def fits(t: TrainSpec, chunks: int) -> dict[str, int] | None:
         key = (t.remat, t.microbatches)
         if key not in priced:
-            over = host_bytes(model, t, r, facts.tile) > host_limit
-            priced[key] = None if over else memory_terms(model, t, r, facts.tile,
+            over = host_bytes(model, t, r, facts) > host_limit
+            priced[key] = None if over else memory_terms(model, t, r, facts,
                                                          batch_across_granules=held)  # fmt: skip
         base = priced[key]
         if base is None:

@@ -9,14 +9,14 @@ gathers), collectives across granules exposed, host-offload copies hidden behind
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from copy import deepcopy
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..hardware.strings import parse_hardware
+from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
-from .facts import DeviceFacts, device_facts
 from .memory import Shapes, host_bytes, memory_terms, phases
 from .time import StepTime, calibration, step_time
 from .traffic import AxisTraffic, axis_traffic, collectives
@@ -66,12 +66,16 @@ class Estimate:
     tokens_per_second: float
     mfu: float
     bottleneck: str
+    profile: HardwareProfile = field(repr=False, compare=False)  # the hardware it priced
     overlap: str = OVERLAP
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """JSON-ready data: every field but the profile, whose platform it names instead."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["time"] = asdict(self.time)
         data["axes"] = {k: v.to_dict() for k, v in self.axes.items()}
-        return data
+        data["profile"] = self.profile.platform
+        return deepcopy({"platform" if k == "profile" else k: v for k, v in data.items()})
 
 
 def estimate(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> Estimate:
@@ -90,7 +94,7 @@ def plan_parts(
             "plan.hardware=None: the estimate needs the catalogue's facts; accepted: a plan over "
             "simulate_devices(...) or with selector= naming catalogue hardware"
         )
-    facts = device_facts(parse_hardware(plan.hardware))
+    facts = plan.profile.facts()
     r = roles(tuple(plan.shape.items()), plan.batch_axis_names)
     factors = {
         a: (i, d)
@@ -116,13 +120,13 @@ def estimate_parts(
     benchmarks/bench_time.py fits)."""
     if terms is None:
         terms = memory_terms(
-            model, train, r, facts.tile, batch_across_granules=holds_tables(facts, r, factors)
+            model, train, r, facts, batch_across_granules=holds_tables(facts, r, factors)
         )
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
     flops, model_flops, recompute = step_flops(model, train, r)
     axes = axis_traffic(collectives(model, train, r), r, factors, efficiency, facts)
-    host = host_bytes(model, train, r, facts.tile)
+    host = host_bytes(model, train, r, facts)
     host_memory = facts.need("host_memory_bytes") if host else facts.host_memory_bytes
     moved = host * train.microbatches  # every micro-batch writes and reads its own
     if compute_efficiency is None:
@@ -172,6 +176,7 @@ def estimate_parts(
         tokens_per_second=train.global_batch * model.seq_len / devices / step,
         mfu=model_flops / (step * facts.peak_flops),
         bottleneck=_bottleneck(t, axes),
+        profile=hardware_profile(facts.hardware),
     )
 
 
@@ -229,7 +234,7 @@ def _bottleneck(t: StepTime, axes: dict[str, AxisTraffic]) -> str:
 def holds_tables(facts: DeviceFacts, r: Roles, factors: dict[str, tuple[int, int]]) -> bool:
     """Whether the step holds the embedding tables' gradients for a reduction across TPU
     slices (a batch axis with a DCN factor; see memory.memory_terms)."""
-    return facts.platform == "tpu" and any(factors[a][1] > 1 for a in r.batch)
+    return facts.traits.holds_reduced_gradients and any(factors[a][1] > 1 for a in r.batch)
 
 
 def _where(a: AxisTraffic) -> str:

@@ -24,7 +24,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..workload.layout import Roles, implementation, param_shapes, splash_blocks
+from ..hardware.profile import DeviceFacts, attention_kernel
+from ..workload.layout import Roles, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 
 
@@ -222,6 +223,7 @@ def layer_bytes(
     sh: Shapes,
     roles: Roles,
     tile: tuple[int, int] | None,
+    kernel: str,
     *,
     saved: bool,
     where: str = "device",
@@ -230,8 +232,7 @@ def layer_bytes(
     the backward pass `where` ("device" or "offload": in host memory), stacked over the layers
     in the layout their producer gave them (head_dim minor for the attention kernel's operands);
     else all of them, as temporaries of the layer being differentiated, which the compiler lays
-    out freely."""
-    kernel = _kernel(train, tile)
+    out freely. `kernel` is the attention kernel the step runs (`HardwareProfile.attention`)."""
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
     keep = _kept(train, found, where, kernel) if saved else found
     return sum(
@@ -242,15 +243,20 @@ def layer_bytes(
 
 @lru_cache(maxsize=8192)
 def working_bytes(
-    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, tile: tuple[int, int] | None
+    model: ModelSpec,
+    train: TrainSpec,
+    sh: Shapes,
+    roles: Roles,
+    tile: tuple[int, int] | None,
+    kernel: str,
 ) -> int:
     """What one layer's backward pass holds of intermediates: their gradients, and what it
     recomputes. The named policies keep their measured factor; a custom placement holds every
     gradient plus the named tensors it recomputes (as "dots" when it recomputes none)."""
-    everything = layer_bytes(model, train, sh, roles, tile, saved=False)
+    everything = layer_bytes(model, train, sh, roles, tile, kernel, saved=False)
     if isinstance(train.remat, str) and train.remat in _WORKING:
         return _WORKING[train.remat] * everything
-    found = _intermediates(model, train, sh, roles, splash=_kernel(train, tile) == "splash")
+    found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
     again = (n for t, p in train.placements.items() if p == "recompute" for n in PARTS[t])
     return everything + sum(stored(*found[n], tile) for n in again if n in found)
 
@@ -269,40 +275,45 @@ def memory_terms(
     model: ModelSpec,
     train: TrainSpec,
     roles: Roles,
-    tile: tuple[int, int] | None,
+    device: DeviceFacts,
     *,
     batch_across_granules: bool = False,
 ) -> dict[str, int]:
-    """Every device term in bytes per device; `phases` says which of them are live at once.
-    Where the batch spans TPU slices, the embedding tables' gradients wait for the reduction
-    across slices (the hosts' megascale transfers, at the end of the step): both tables and both
-    gradients are held (`batch_across_granules`; GPUs reduce across hosts as they go)."""
-    terms = dict(_fixed_terms(model, train.param_dtype, train.opt_state_dtype,
-                              train.compute_dtype, roles, tile, batch_across_granules))  # fmt: skip
+    """Every device term in bytes per device of `device`'s hardware; `phases` says which of
+    them are live at once. Where the batch spans TPU slices, the embedding tables' gradients
+    wait for the reduction across slices (the hosts' megascale transfers, at the end of the
+    step): both tables and both gradients are held (`batch_across_granules`; GPUs reduce across
+    hosts as they go)."""
+    tile, kernel = device.tile, attention_kernel(train.attention, device.platform)
+    dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
+    held = device.traits.holds_reduced_gradients
+    terms = dict(_fixed_terms(model, *dtypes, roles, tile, held, batch_across_granules))
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
     layer = layer_weights(model, roles.size("model")) * cd
     logits = 2 * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
     return terms | {
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
-        "activations": model.num_layers * layer_bytes(model, train, sh, roles, tile, saved=True),
+        "activations": model.num_layers
+        * layer_bytes(model, train, sh, roles, tile, kernel, saved=True),
         "logits": -(-logits // train.logits_chunks),
         # Gradient accumulation: the running sum of every gradient shard, in float32.
         "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
-        "layer": 3 * layer + working_bytes(model, train, sh, roles, tile),
+        "layer": 3 * layer + working_bytes(model, train, sh, roles, tile, kernel),
     }
 
 
-def host_bytes(
-    model: ModelSpec, train: TrainSpec, roles: Roles, tile: tuple[int, int] | None
-) -> int:
+def host_bytes(model: ModelSpec, train: TrainSpec, roles: Roles, device: DeviceFacts) -> int:
     """Bytes per device the recipe offloads to host memory: the offloaded tensors of every
     layer (of one micro-batch: each micro-batch's backward pass reads them back before the next
     one's forward pass writes them), as the device stores them."""
     if "offload" not in train.placements.values():
         return 0
     sh = Shapes.of(model, train, roles)
-    per_layer = layer_bytes(model, train, sh, roles, tile, saved=True, where="offload")
+    kernel = attention_kernel(train.attention, device.platform)
+    per_layer = layer_bytes(
+        model, train, sh, roles, device.tile, kernel, saved=True, where="offload"
+    )
     return model.num_layers * per_layer
 
 
@@ -314,11 +325,11 @@ def _fixed_terms(
     compute_dtype: str,
     roles: Roles,
     tile: tuple[int, int] | None,
-    held: bool,
+    holds_reduced: bool,
+    held_tables: bool,
 ) -> tuple[tuple[str, int], ...]:
     """The terms the recipe does not change: parameters, optimizer state, gradients, tables."""
     pd, od, cd = (dtype_bytes(x) for x in (param_dtype, opt_dtype, compute_dtype))
-    tpu = _platform(tile) == "tpu"
     table = stored((model.vocab_size // roles.size("model"), model.d_model), cd, tile)
     return (
         ("params", shard_bytes(model, roles, pd, tile)),
@@ -328,8 +339,8 @@ def _fixed_terms(
         # reduces them after the layer loop: a second set, stacked over the layers like the
         # float32 one. XLA's GPU pipeline reduces each layer's shards inside the loop (a bf16
         # all-reduce per layer in the loop body), so no stacked set is held there.
-        ("reduced gradients", shard_bytes(model, roles, cd, tile) * _dp(roles) * tpu),
-        ("embeddings", (4 if held else 2) * table),
+        ("reduced gradients", shard_bytes(model, roles, cd, tile) * _dp(roles) * holds_reduced),
+        ("embeddings", (4 if held_tables else 2) * table),
     )
 
 
@@ -346,16 +357,6 @@ def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
     totals = {name: sum(terms[k] for k in (*ALWAYS, *parts)) for name, parts in PHASES.items()}
     worst = max(totals, key=lambda name: totals[name])
     return totals, {*ALWAYS, *PHASES[worst]}
-
-
-def _platform(tile: tuple[int, int] | None) -> str:
-    """The platform whose memory the terms count: only TPU stores arrays in tiles."""
-    return "tpu" if tile is not None else "gpu"
-
-
-def _kernel(train: TrainSpec, tile: tuple[int, int] | None) -> str:
-    """The attention implementation the step runs on that platform (splash on TPU)."""
-    return implementation(train.attention, _platform(tile))
 
 
 def _dp(roles: Roles) -> int:

@@ -36,13 +36,14 @@ from functools import cache
 
 from .._configs import config_path
 from ..errors import MeshConfigError
+from ..hardware.profile import DeviceFacts, Platform
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from .facts import DeviceFacts
 
-# FLOPs per causal query-key pair and unit of head_dim, forward and backward, by platform
-# (the attention kernels' own matmuls; see compiler/roofline.py).
-_ATTENTION = {"tpu": (4, 14), "gpu": (4, 10)}
+# FLOPs per causal query-key pair and unit of head_dim, forward and backward, by the platform's
+# fused kernel (the kernels' own matmuls; see compiler/roofline.py): splash's backward pass
+# recomputes more than cuDNN's, whose count other kernels take.
+_ATTENTION = {"splash": (4, 14), "cudnn": (4, 10)}
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def step_time(
         "mlp_in": 2 * matmul(d, f),
         "mlp_out": matmul(f, d),
     }
-    fwd_pair, bwd_pair = _ATTENTION["tpu" if facts.platform == "tpu" else "gpu"]
+    fwd_pair, bwd_pair = _ATTENTION.get(facts.traits.fused_attention, _ATTENTION["cudnn"])
     pairs = rows // M * _causal_pairs(model.seq_len) / roles.size("seq")
     kernel_bytes = t * (2 * h + 2 * kv) * hd * cd
 
@@ -136,7 +137,7 @@ def step_time(
     offload = 0.0
     if offload_bytes:
         each_way = offload_bytes / facts.need("host_link_bandwidth")
-        if facts.platform == "tpu":
+        if facts.traits.offload_overlaps_compute:
             offload = max(0.0, each_way - forward) + max(0.0, each_way - (compute - forward))
         else:
             offload = 2 * each_way
@@ -154,12 +155,12 @@ def step_time(
 
 
 @cache
-def calibration(name: str, platform: str) -> float:
-    """A named calibration of configs/calibration.toml for a platform ("tpu" or "gpu"; other
-    platforms use the GPU's: no runs measure them)."""
+def calibration(name: str, platform: Platform) -> float:
+    """A named calibration of configs/calibration.toml for a platform (measured runs cover TPU
+    and GPU)."""
     with open(config_path("calibration.toml"), "rb") as f:
         table = tomllib.load(f).get(name, {})
-    entry = table.get(platform if platform == "tpu" else "gpu")
+    entry = table.get(platform)
     if entry is None:
         raise MeshConfigError(
             f"configs/calibration.toml has no {name} for {platform}; accepted: {sorted(table)}"

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from .facts import DeviceFacts
 from .memory import Shapes, layer_weights
 
 

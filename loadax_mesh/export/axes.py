@@ -8,11 +8,11 @@ from ..errors import MeshConfigError
 from ..workload.layout import ROLE_NAMES, Roles, roles
 
 if TYPE_CHECKING:
-    from ..plan import MeshPlan
+    from ..view.picture import PlanView
 
 
 def named_roles(
-    plan: MeshPlan, who: str, problem: str, *, batch: str = "", named: str = ""
+    plan: PlanView, who: str, problem: str, *, batch: str = "", named: str = ""
 ) -> Roles:
     """The plan's axis roles. An axis larger than 1 that is neither a batch axis nor named for
     a role (ROLE_NAMES) is a MeshConfigError: `who` and `problem` say what refuses it, `batch`
@@ -27,7 +27,7 @@ def named_roles(
     return roles(tuple(plan.shape.items()), plan.batch_axis_names)
 
 
-def trainer_axes(plan: MeshPlan, r: Roles, names: dict[str, str], who: str) -> dict[str, str]:
+def trainer_axes(plan: PlanView, r: Roles, names: dict[str, str], who: str) -> dict[str, str]:
     """Plan axis (size > 1) -> the trainer's axis: the fsdp, model and seq roles by `names`,
     the remaining batch axis as "data"; two batch axes left over are refused (a trainer has
     one data axis)."""

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
+from ..hardware.profile import platform_traits
 from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
 
 if TYPE_CHECKING:
-    from ..plan import MeshPlan
+    from ..view.picture import PlanView
 
 AXES = ("pipeline", "data", "expert", "fsdp", "seq", "model")
 _ROLE_AXIS = {"fsdp": "fsdp", "model": "model", "seq": "seq"}
@@ -85,13 +86,13 @@ class AXLearnConfig:
         }
 
 
-def axis_map(plan: MeshPlan, who: str) -> dict[str, str]:
+def axis_map(plan: PlanView, who: str) -> dict[str, str]:
     """Plan axis (size > 1) -> AXLearn's standard axis name; refused where it has none."""
     r = named_roles(plan, who, f"has no {', '.join(AXES)} name")
     return trainer_axes(plan, r, _ROLE_AXIS, who)
 
 
-def to_axlearn(plan: MeshPlan, *, order: bool = True) -> AXLearnConfig:
+def to_axlearn(plan: PlanView, *, order: bool = True) -> AXLearnConfig:
     """AXLearn's mesh fields for `plan`; `order` compares AXLearn's device order (jax's
     mesh_utils per granule, which imports jax) with the plan's."""
     axes = axis_map(plan, "to_axlearn")
@@ -119,7 +120,7 @@ def to_axlearn(plan: MeshPlan, *, order: bool = True) -> AXLearnConfig:
             plan,
             {a: AXES.index(t) for a, t in axes.items()},
             len(AXES),
-            process_is_granule=plan.table.platform != "tpu",
+            process_is_granule=not platform_traits(plan.table.platform).multislice,
             fallback="reshape",
         )
     return AXLearnConfig(

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 from .axes import named_roles
 
 if TYPE_CHECKING:
-    from ..plan import MeshPlan
+    from ..view.picture import PlanView
 
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "kv", "mlp", "vocab")
 Rule = tuple[str, str | tuple[str, ...] | None]
 
 
-def to_flax_rules(plan: MeshPlan) -> tuple[Rule, ...]:
+def to_flax_rules(plan: PlanView) -> tuple[Rule, ...]:
     """(logical axis, mesh axis or axes or None) pairs, one per LOGICAL_AXES entry."""
     shape = plan.shape
     r = named_roles(plan, "to_flax_rules", "shards no logical axis")

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..workload.layout import implementation
+from ..hardware.profile import attention_kernel
 from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
 
 if TYPE_CHECKING:
-    from ..plan import MeshPlan
+    from ..view.picture import PlanView
     from ..workload.spec import ModelSpec, TrainSpec
 
 # MaxText's default mesh_axes (base.yml), in its order; the plan's roles map onto four of them.
@@ -86,7 +86,7 @@ class MaxTextConfig:
         }
 
 
-def _axis_map(plan: MeshPlan) -> dict[str, str]:
+def _axis_map(plan: PlanView) -> dict[str, str]:
     """Plan axis (size > 1) -> MaxText axis; a plan MaxText cannot express is refused."""
     r = named_roles(
         plan, "to_maxtext", "has no MaxText name", batch=" (-> data, fsdp)",
@@ -108,7 +108,7 @@ def _axis_map(plan: MeshPlan) -> dict[str, str]:
     return out
 
 
-def _batch(plan: MeshPlan, train: TrainSpec) -> str:
+def _batch(plan: PlanView, train: TrainSpec) -> str:
     """per_device_batch_size: rows per device per micro-batch (a fraction where < 1)."""
     n = plan.devices.size
     per_micro = train.global_batch // train.microbatches
@@ -152,7 +152,7 @@ def _model(model: ModelSpec) -> dict[str, str]:
 
 
 def to_maxtext(
-    plan: MeshPlan, train: TrainSpec, *, model: ModelSpec | None = None, order: bool = True
+    plan: PlanView, train: TrainSpec, *, model: ModelSpec | None = None, order: bool = True
 ) -> MaxTextConfig:
     """The MaxText keys for `plan` and `train` (and `model`'s shape, when given); `order`
     compares MaxText's device order (jax's mesh_utils, which imports jax) with the plan's."""
@@ -170,8 +170,7 @@ def to_maxtext(
             if name in axes:
                 degree[axes[name]] = size
         keys.update({f"{level}_{a}_parallelism": str(d) for a, d in degree.items()})
-    platform = str(plan.table.platform)
-    attention = implementation(train.attention, platform)
+    attention = attention_kernel(train.attention, str(plan.table.platform))
     keys.update(
         {
             "per_device_batch_size": _batch(plan, train),

@@ -16,7 +16,7 @@ import numpy as np
 from ..quality import AxisQuality, order_quality
 
 if TYPE_CHECKING:
-    from ..plan import MeshPlan
+    from ..view.picture import PlanView
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class OrderComparison:
 
 
 def compare_order(
-    plan: MeshPlan,
+    plan: PlanView,
     placement: dict[str, int],
     num_axes: int,
     *,

@@ -14,14 +14,15 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .layout import Roles, implementation, splash_blocks
+from ..hardware.profile import attention_kernel
+from .layout import Roles, splash_blocks
 
 
 def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, *, kind: str, mesh: Mesh, roles: Roles
 ) -> jax.Array:
     """Attention of `kind` ("flash" or "plain") with the step's mesh and sharding roles."""
-    runs = implementation(kind, mesh.devices.flat[0].platform)
+    runs = attention_kernel(kind, mesh.devices.flat[0].platform)
     if runs == "splash":
         return _splash(q, k, v, mesh, roles)
     # Keys and values whole along the sequence: an all-gather over the sequence axis.

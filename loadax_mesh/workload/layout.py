@@ -96,14 +96,6 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
     return Roles(sizes, tuple(a for a, _ in sizes if a in batch_axes), **found)
 
 
-def implementation(kind: str, platform: str) -> str:
-    """What attention of `kind` runs as on `platform`: "splash" (jax's TPU kernel), "cudnn"
-    (its fused GPU kernel), "xla" (`dot_product_attention`'s own) or "plain"."""
-    if kind == "plain":
-        return "plain"
-    return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "xla")
-
-
 SPLASH_BLOCK = 512  # splash-attention block size (MaxText's default), or the sequence if shorter
 
 

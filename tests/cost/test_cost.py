@@ -6,6 +6,7 @@ import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
+from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 # Every dim a whole number of TPU tiles (minor dims multiples of 128), so no padding.
@@ -13,6 +14,7 @@ SMALL = ModelSpec(
     name="small", num_layers=2, d_model=1024, d_ff=1024, num_heads=8, num_kv_heads=2,
     head_dim=128, vocab_size=1024, seq_len=128,
 )  # fmt: skip
+TPU, GPU = (hardware_profile(h).facts() for h in ("tpu-v5p-16", "gpu-p5.48xlarge-8"))
 
 
 def small_estimate(remat="full"):
@@ -90,7 +92,7 @@ def test_only_tpu_splash_attention_holds_the_kernels_buffers():
 
     r = roles([("data", 1), ("fsdp", 8)], ["data", "fsdp"])
     train = TrainSpec(global_batch=8)
-    tpu, gpu = (memory_terms(SMALL, train, r, tile)["layer"] for tile in ((8, 128), None))
+    tpu, gpu = (memory_terms(SMALL, train, r, device)["layer"] for device in (TPU, GPU))
     kernel = 8 * 128 * 128 * 4 + 6 * 128 * 128 * 4  # as counted by hand above
     assert tpu - gpu == 2 * (kernel - 8 * 128 * 4)  # full remat: recomputed, and gradients
 
@@ -106,10 +108,10 @@ def test_only_tpu_holds_a_compute_dtype_set_of_data_parallel_gradients():
     train = TrainSpec(global_batch=16)
     dp = roles([("data", 2), ("fsdp", 8)], ["data", "fsdp"])
     alone = roles([("data", 1), ("fsdp", 8)], ["data", "fsdp"])
-    tpu = memory_terms(SMALL, train, dp, (8, 128))
+    tpu = memory_terms(SMALL, train, dp, TPU)
     assert tpu["reduced gradients"] == tpu["gradients"] // 2  # float32 shards, once in bf16
-    assert memory_terms(SMALL, train, alone, (8, 128))["reduced gradients"] == 0
-    assert memory_terms(SMALL, train, dp, None)["reduced gradients"] == 0
+    assert memory_terms(SMALL, train, alone, TPU)["reduced gradients"] == 0
+    assert memory_terms(SMALL, train, dp, GPU)["reduced gradients"] == 0
 
 
 def test_remat_policies_order_the_memory():

@@ -1,0 +1,260 @@
+"""The hardware profile: a hardware string resolved once into what the wings above read.
+
+A platform differs from another in ways the cost model, the compiler wing and the views each
+need: whether memory is tiled, which fused attention kernel jax runs, whether the compiler
+itself refuses a program that does not fit, how gradients and host offloads behave. Each is a
+named trait here, so no module above tests a platform's name. `HardwareProfile` adds the
+catalogue's facts of one device (`DeviceFacts`, base units) to a parsed hardware string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Literal, cast
+
+from ..errors import MeshConfigError
+from .catalogue import host_memory_per_device
+from .gpu_targets import device_hbm, gpu_pool_fraction
+from .strings import HardwareSpec, parse_hardware
+
+Platform = Literal["tpu", "gpu", "cpu"]
+
+
+@dataclass(frozen=True)
+class PlatformTraits:
+    """What sets one platform apart, each trait named for what it changes."""
+
+    platform: Platform
+    unit: str  # what one catalogue row counts: "chip", "GPU" or "device"
+    granule: str  # what one granule of `granule="auto"` is called
+    compiler: str  # whose compiler the compile-only devices run
+    fused_attention: str  # jax's fused attention kernel here: "splash", "cudnn" or "xla"
+    catalogue_facts: tuple[str, ...]  # the facts the catalogue gives per unit
+    # TPU slices are granules joined over DCN: a hardware string may end in a slice count, and
+    # jax's and AXLearn's hybrid meshes take slices (elsewhere processes) as granules.
+    multislice: bool
+    # GPUs sit in NVLink domains of one or more hosts; jax names a device's domain in its
+    # slice_index.
+    nvlink_domains: bool
+    # TPU memory holds arrays in whole tiles (the catalogue's memory_tile).
+    tiled_memory: bool
+    # libtpu refuses a program that exceeds its HBM and its own check counts what fits; XLA's
+    # GPU compiler never refuses, so a GPU step is judged by its figures against the pool.
+    compiler_judges_fit: bool
+    # jax's GPU client preallocates a share of the GPU's memory as the pool a step runs in.
+    preallocated_pool: bool
+    # libtpu reduces data-parallel gradients after the layer loop, so the step holds a
+    # compute-dtype copy of them (and, across slices, the embedding tables' gradients); XLA's
+    # GPU compiler reduces each layer's inside the loop body (shared HLO: A3 7B, 4 layers).
+    holds_reduced_gradients: bool
+    # TPU host-offload copies run beside their own pass's compute; on GPU they wait
+    # (measured on an H200: benchmarks/bench_gpu_step.py).
+    offload_overlaps_compute: bool
+
+    def compile_options(self, dump_dir: str) -> dict[str, Any] | None:
+        """Options for `Lowered.compile`: where the compiler judges fit (libtpu), a dump
+        directory, into which it writes its buffer assignment's memory report (what its own
+        HBM check counts)."""
+        return {"xla_dump_to": dump_dir} if self.compiler_judges_fit else None
+
+
+_TRAITS: dict[Platform, PlatformTraits] = {
+    "tpu": PlatformTraits(
+        platform="tpu",
+        unit="chip",
+        granule="slice",
+        compiler="libtpu",
+        fused_attention="splash",
+        catalogue_facts=("hbm", "peak_bf16", "ici_bandwidth", "dcn_bandwidth"),
+        multislice=True,
+        nvlink_domains=False,
+        tiled_memory=True,
+        compiler_judges_fit=True,
+        preallocated_pool=False,
+        holds_reduced_gradients=True,
+        offload_overlaps_compute=True,
+    ),
+    "gpu": PlatformTraits(
+        platform="gpu",
+        unit="GPU",
+        granule="NVLink domain",
+        compiler="XLA's CUDA client",
+        fused_attention="cudnn",
+        catalogue_facts=("hbm", "peak_bf16", "nvlink_bandwidth", "network_per_gpu"),
+        multislice=False,
+        nvlink_domains=True,
+        tiled_memory=False,
+        compiler_judges_fit=False,
+        preallocated_pool=True,
+        holds_reduced_gradients=False,
+        offload_overlaps_compute=False,
+    ),
+    "cpu": PlatformTraits(
+        platform="cpu",
+        unit="device",
+        granule="process",
+        compiler="XLA's CPU client",
+        fused_attention="xla",
+        catalogue_facts=(),
+        multislice=False,
+        nvlink_domains=False,
+        tiled_memory=False,
+        compiler_judges_fit=False,
+        preallocated_pool=False,
+        holds_reduced_gradients=False,
+        offload_overlaps_compute=False,
+    ),
+}
+
+
+def platform_traits(platform: str) -> PlatformTraits:
+    """The traits of a platform as jax names it ("tpu", "gpu"); any other platform's devices
+    are plain devices in processes, as CPU's are."""
+    return _TRAITS.get(cast(Platform, platform), _TRAITS["cpu"])
+
+
+def attention_kernel(kind: str, platform: str) -> str:
+    """What attention of `kind` runs as on `platform`: "plain" stays plain; otherwise jax's
+    fused kernel there ("splash" on TPU, "cudnn" on GPU, "xla" elsewhere)."""
+    return "plain" if kind == "plain" else platform_traits(platform).fused_attention
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """One JAX device of a hardware string, as the cost model sees it (base units)."""
+
+    hardware: str
+    traits: PlatformTraits = field(repr=False)
+    peak_flops: float  # bf16 FLOP/s of one device
+    hbm_bytes: float  # what one device may use
+    hbm_bandwidth: float | None  # bytes/s between one device and its HBM
+    ici_bandwidth: float | None  # bytes/s one way over one ICI/NVLink link of a ring
+    ici_latency: float | None  # seconds per ring step inside a granule
+    dcn_bandwidth: float | None  # bytes/s one device has across granules (host NICs shared)
+    dcn_latency: float | None  # seconds per ring step across granules
+    tile: tuple[int, int] | None  # TPU memory tile (rows of 4-byte words, lanes), else None
+    host_memory_bytes: float | None = None  # host memory one device may fill with offloads
+    host_link_bandwidth: float | None = None  # bytes/s between a device and its host, each way
+
+    @property
+    def platform(self) -> Platform:
+        return self.traits.platform
+
+    def need(self, name: str) -> float:
+        """A fact the estimate needs: its value, or an error naming what is missing."""
+        value = getattr(self, name)
+        if value is None:
+            raise MeshConfigError(
+                f"hardware={self.hardware!r}: the catalogue has no {name.replace('_', ' ')} "
+                "(configs/hardware.toml), which this estimate needs; accepted: hardware whose "
+                "entry has it (`loadax-mesh hardware`)"
+            )
+        return float(value)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A catalogue hardware string, resolved once: the parsed string, its platform's traits
+    and, where the catalogue has a peak and an HBM size, one device's facts."""
+
+    spec: HardwareSpec = field(repr=False)
+    traits: PlatformTraits = field(repr=False)
+    device: DeviceFacts | None = field(repr=False)
+    missing: str | None = field(repr=False)  # the fact that keeps `device` None
+
+    @property
+    def hardware(self) -> str:
+        return self.spec.hardware
+
+    @property
+    def platform(self) -> Platform:
+        return self.traits.platform
+
+    @property
+    def tile(self) -> tuple[int, int] | None:
+        return None if self.device is None else self.device.tile
+
+    def facts(self) -> DeviceFacts:
+        """One device's facts, or an error naming the fact the catalogue lacks."""
+        if self.device is None:
+            raise MeshConfigError(
+                f"hardware={self.hardware!r}: the catalogue has no {self.missing}, which every "
+                "estimate needs; accepted: hardware whose entry has it (`loadax-mesh hardware`)"
+            )
+        return self.device
+
+    def attention(self, kind: str) -> str:
+        """What attention of `kind` runs as on this hardware (`attention_kernel`)."""
+        return attention_kernel(kind, self.platform)
+
+    def compile_options(self, dump_dir: str) -> dict[str, Any] | None:
+        """Options for `Lowered.compile` (`PlatformTraits.compile_options`)."""
+        return self.traits.compile_options(dump_dir)
+
+
+def hardware_profile(hardware: str) -> HardwareProfile:
+    """The profile of a catalogue hardware string (a MeshConfigError names what is valid)."""
+    return _profile(hardware, gpu_pool_fraction()[0])  # a GPU's memory is the pool jax sizes
+
+
+@cache
+def _profile(hardware: str, pool_fraction: float) -> HardwareProfile:
+    spec = parse_hardware(hardware)
+    traits = platform_traits(spec.platform)
+    device, missing = _device_facts(spec, traits)
+    return HardwareProfile(spec=spec, traits=traits, device=device, missing=missing)
+
+
+def catalogue_profile(hardware: str | None) -> HardwareProfile | None:
+    """The profile of a hardware string, or None where it names no catalogue hardware."""
+    try:
+        return None if hardware is None else hardware_profile(hardware)
+    except MeshConfigError:
+        return None
+
+
+def _device_facts(
+    spec: HardwareSpec, traits: PlatformTraits
+) -> tuple[DeviceFacts | None, str | None]:
+    """The facts of one device of `spec` (TPU: a chip or TensorCore; GPU: a GPU), or None
+    and the name of the missing fact."""
+    per_chip = spec.devices_per_chip
+
+    def base(name: str, divide: float = 1.0) -> float | None:
+        fact = spec.fact(name)
+        return None if fact is None or fact.base is None else fact.base / divide
+
+    peak = base("peak_bf16", per_chip)
+    hbm = device_hbm(spec.type)
+    if peak is None or hbm is None:
+        return None, "peak_bf16" if peak is None else "hbm"
+    common = dict(
+        hardware=spec.hardware,
+        traits=traits,
+        peak_flops=peak,
+        hbm_bytes=hbm,
+        host_memory_bytes=host_memory_per_device(spec.type),
+        host_link_bandwidth=base("host_link_bandwidth", per_chip),
+    )
+    if traits.tiled_memory:  # a TPU: ICI links of its torus, DCN shared by a host's chips
+        tile = spec.fact("memory_tile")
+        return DeviceFacts(
+            **common,  # type: ignore[arg-type]
+            hbm_bandwidth=base("hbm_bandwidth", per_chip),
+            ici_bandwidth=base("ici_link_bandwidth"),
+            ici_latency=base("ici_latency"),
+            dcn_bandwidth=base("dcn_bandwidth", per_chip),
+            dcn_latency=base("dcn_latency"),
+            tile=None if tile is None else (int(tile.value[0]), int(tile.value[1])),
+        ), None
+    # NVLink through NVSwitch: a ring step moves at half a GPU's bidirectional NVLink bandwidth.
+    return DeviceFacts(
+        **common,  # type: ignore[arg-type]
+        hbm_bandwidth=base("hbm_bandwidth"),
+        ici_bandwidth=base("nvlink_bandwidth", 2.0),
+        ici_latency=base("nvlink_latency"),
+        dcn_bandwidth=base("network_per_gpu"),
+        dcn_latency=base("network_latency"),
+        tile=None,
+    ), None
