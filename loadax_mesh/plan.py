@@ -93,7 +93,7 @@ class MeshPlan:
         return axis_quality(self.layout, self.table.coords, self.axis_names, self.dcn_mesh_shape)
 
     def quality(self) -> dict[str, AxisQuality]:
-        """Per axis: ICI ring steps, hops, efficiency and DCN crossings (DESIGN.md section 5)."""
+        """Per axis: ICI ring steps, hops, efficiency, DCN crossings (docs/design.md section 5)."""
         return dict(self._quality)
 
     def to_dict(self) -> dict[str, Any]:

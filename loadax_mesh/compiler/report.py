@@ -1,4 +1,4 @@
-"""Compile the reference step for a plan and report what the compiler says (DESIGN.md sec. 7).
+"""Compile the reference step for a plan and report what the compiler says (docs/design.md sec. 7).
 
 Memory per device from `memory_analysis()`, fit against the catalogue's HBM (on GPU the pool
 jax's client preallocates) and, for buffers a remat policy offloads, host memory against the

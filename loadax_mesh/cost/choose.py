@@ -43,7 +43,7 @@ _BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"])
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
-# host memory (shared/facts/production_runs.md).
+# host memory (docs/facts/production_runs.md).
 RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks")
 MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
 REMATS: tuple[str | dict[str, str], ...] = (

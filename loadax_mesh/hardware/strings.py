@@ -75,7 +75,7 @@ class HardwareSpec:
 
     @property
     def granules(self) -> int:
-        """How many granules `granule="auto"` forms on these devices (DESIGN.md section 3)."""
+        """How many granules `granule="auto"` forms on these devices (docs/design.md section 3)."""
         return self.slices if self.platform in ("tpu", "gpu") else self.hosts
 
     def fact(self, name: str) -> Fact | None:

@@ -1,4 +1,4 @@
-"""Real device objects without the hardware: compile-only TPU and GPU devices (DESIGN.md
+"""Real device objects without the hardware: compile-only TPU and GPU devices (docs/design.md
 section 6).
 
 `jax.experimental.topologies.get_topology_desc` gives the devices Google's TPU runtime would

@@ -1,4 +1,4 @@
-"""Losing hardware: plan the same config on what is left (DESIGN.md section 10).
+"""Losing hardware: plan the same config on what is left (docs/design.md section 10).
 
 `replan` is stateless: a restarted process calls it with the devices it sees. It drops every
 granule that lost a device (a TPU slice missing a host has no torus; an NVLink domain missing a
