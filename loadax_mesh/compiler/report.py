@@ -127,11 +127,25 @@ class CompileReport:
 
 
 def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileReport:
-    """Compile the reference step for `plan` (its devices must be real or compile-only jax
-    devices). A TPU compile refused for lack of HBM gives a report with `fits` False, what the
-    step as written needs and what the compiler's extra remat got it down to; one it compiled
-    fits its device memory by the compiler's own check. The GPU compiler never refuses, and
-    `fits` compares its figures with the catalogue's. Any other compile error propagates."""
+    """Compile the reference step for `plan` and report what the compiler says.
+
+    A TPU compile refused for lack of HBM gives a report with `fits` False, what the step as
+    written needs and what the compiler's extra remat got it down to; one it compiled fits its
+    device memory by the compiler's own check. The GPU compiler never refuses, and `fits`
+    compares its figures with the memory jax's GPU client may use.
+
+    Args:
+        plan: a plan over real or compile-only jax devices (`topology_devices`).
+        model: the model's shape.
+        train: the batch, dtypes and recipe.
+
+    Returns:
+        The `CompileReport`: memory, fit, FLOPs, roofline and collectives, per device.
+
+    Raises:
+        MeshConfigError: a model or batch that does not divide over the plan's axes.
+            Any other compile error propagates.
+    """
     import jax
 
     from ..hardware.strings import catalogue_spec
