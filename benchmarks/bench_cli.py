@@ -1,7 +1,7 @@
 """How fast `loadax-mesh plan HARDWARE ...` answers, against a bare `python -c "import jax"`.
 
 Planning simulated hardware goes through the pure core and never imports jax, so the whole
-command should take at most half of what importing jax alone takes (DESIGN.md section 4). Both
+command should take at most half of what importing jax alone takes (docs/design.md section 4). Both
 are timed in this one run as subprocess wall time, interleaved, median of several runs each.
 
     python benchmarks/bench_cli.py [--runs 9]

@@ -3,7 +3,7 @@
 For each case: the plan (preset rules on libtpu's compile-only devices), compile time, and what
 `memory_analysis()` says per device, with fit against the HBM the compiler allows. Also
 LLaMA-3 8B with fsdp 64 on v5p 4x4x4 beside MaxText's own step on the same input
-(shared/facts/maxtext_reference.md: 11,459,106,976 bytes a chip).
+(docs/facts/maxtext_reference.md: 11,459,106,976 bytes a chip).
 
     python benchmarks/bench_compile.py [--quick] [--markdown]
 """

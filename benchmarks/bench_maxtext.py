@@ -11,7 +11,7 @@ libtpu's own HBM check counts: `CompileReport.assigned_bytes`, and for MaxText t
 report of its train step, dumped with `--xla_dump_to`).
 
 MaxText is not part of this project: install it outside the repository in a venv of its own
-(shared/facts/maxtext_reference.md) and give its source and python:
+(docs/facts/maxtext_reference.md) and give its source and python:
 
     python benchmarks/bench_maxtext.py --maxtext /work/maxtext_env/maxtext \\
         --python /work/maxtext_env/venv/bin/python [--only SUBSTRING] [--markdown]
@@ -38,8 +38,8 @@ from loadax_mesh.compiler.report import assigned_bytes
 # (hardware, preset, model, global batch, recipe as TrainSpec keywords)
 # "auto": choose_mesh's winner with the recipe it chose (the recipe given is then empty)
 CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
-    ("tpu-v5p-512", "fsdp", "llama3-8b", 256, {}),  # README's MaxText export
-    ("tpu-v5p-1024", "auto", "llama3-70b", 512, {}),  # README's export after --strategy auto
+    ("tpu-v5p-512", "fsdp", "llama3-8b", 256, {}),  # docs/exports.md's MaxText export
+    ("tpu-v5p-1024", "auto", "llama3-70b", 512, {}),  # docs/exports.md, --strategy auto
     ("tpu-v5p-64-2", "fsdp", "llama3-8b", 64, {}),  # multislice: data over DCN x fsdp 32
     ("tpu-v5p-128", "fsdp_tp", "llama3-8b", 64, {}),  # tensor parallel 4
     ("tpu-v5p-128", "fsdp", "llama3-8b", 64, {"remat": "offload"}),  # layer inputs on host

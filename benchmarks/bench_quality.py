@@ -3,7 +3,7 @@
 For each TPU case the same stand-in devices (listed as JAX lists them) go to four layouts:
 `loadax_mesh.plan_mesh`; JAX `create_device_mesh` (multislice: `create_hybrid_device_mesh`)
 as is, and with `allow_split_physical_axes=True`; and a plain reshape of the device list. Every
-layout is judged by the same measure (DESIGN.md section 5, `loadax_mesh.quality.axis_quality`)
+layout is judged by the same measure (docs/design.md section 5, `loadax_mesh.quality.axis_quality`)
 with the catalogue's wraparound for the slice: per axis, ring steps / physical hops (1.0 = every
 step a direct link; above 1 where cores of one chip share steps). Where JAX raises, the table
 says what it raised. The sum column adds the axes' efficiencies.

@@ -1,6 +1,6 @@
 """The published production runs, each with its source's recipe, refereed by the compiler.
 
-Every run of benchmarks/production_runs.py (shared/facts/production_runs.md) is planned on the
+Every run of benchmarks/production_runs.py (docs/facts/production_runs.md) is planned on the
 compile-only devices of its hardware (or of one of its DCN-joined hosts or slices, whose
 per-device program is the same) and its reference step compiled with the recipe its source
 gives (offloaded tensors, weight dtype, per-device batch). Printed per run: device memory

@@ -1,4 +1,4 @@
-"""The calibration set of shared/facts/production_runs.md as data: each published run with the
+"""The calibration set of docs/facts/production_runs.md as data: each published run with the
 recipe its source gives, in this project's terms.
 
 Each run: `name`; `hardware` (a hardware string of the catalogue); `compile_hardware` (where

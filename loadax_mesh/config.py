@@ -27,12 +27,25 @@ class MeshConfig(ConfigFields):
     Fields (checked by `ConfigFields`): `mesh_shape`, `mesh_axis_names`, `batch_axis_names`
     (default "data"), `mesh_rules`. `mesh_shape=None` (and a rule value of None) means all
     devices on the first axis.
+
+    Raises:
+        MeshConfigError: when built with any invalid field; the message names it.
     """
 
     # -- choosing and planning ------------------------------------------------------------
 
     def select(self, selector: str) -> MeshConfig:
-        """A copy whose mesh_shape is the first rule matching `selector` (else unchanged)."""
+        """A copy whose mesh_shape is the first rule matching `selector` (else unchanged).
+
+        Args:
+            selector: a hardware string such as "tpu-v5p-512", matched with `re.fullmatch`.
+
+        Returns:
+            This config when no rule matches; else a copy with that rule's shape.
+
+        Raises:
+            MeshConfigError: `selector` is not a string.
+        """
         index = self._rule_index(_check_selector(selector))
         if index is None:
             return self
@@ -51,8 +64,23 @@ class MeshConfig(ConfigFields):
         selector: str | None = None,
         granule: GranuleSpec = "auto",
     ) -> MeshPlan:
-        """Plan over `devices` (default `jax.devices()`); rules pick the shape by `selector`,
-        detected from the devices when not given."""
+        """Plan over `devices`: the shape resolved, split into ICI and DCN, the devices ordered.
+
+        Args:
+            devices: the devices to plan over (default `jax.devices()`); simulated ones
+                (`simulate_devices`) plan without importing jax.
+            selector: the hardware string the rules match; by default detected from the devices
+                (`detect_hardware`) when the config has `mesh_rules`.
+            granule: what one ICI domain is: "auto", "slice", "process", "none" or a callable
+                device -> key.
+
+        Returns:
+            The `MeshPlan`.
+
+        Raises:
+            MeshConfigError: the shape does not use exactly the devices given, granules differ in
+                size, or `selector` or `granule` is bad; a failing rule's shape names the rule.
+        """
         if selector is not None:
             _check_selector(selector)
         if devices is None:
@@ -80,7 +108,20 @@ class MeshConfig(ConfigFields):
         granule: GranuleSpec = "auto",
         axis_types: Sequence[Any] | None = None,
     ) -> jax.sharding.Mesh:
-        """The planned `jax.sharding.Mesh`."""
+        """The planned `jax.sharding.Mesh`: `plan(...)`, then `MeshPlan.to_jax_mesh(axis_types)`.
+
+        Args:
+            devices: as for `plan` (default `jax.devices()`).
+            selector: as for `plan`.
+            granule: as for `plan`.
+            axis_types: None, or one `jax.sharding.AxisType` per axis.
+
+        Returns:
+            The Mesh over the planned device order.
+
+        Raises:
+            MeshConfigError: as `plan`; also for simulated devices or bad `axis_types`.
+        """
         return self.plan(devices, selector=selector, granule=granule).to_jax_mesh(axis_types)
 
     @property
@@ -98,7 +139,11 @@ class MeshConfig(ConfigFields):
         return jax.process_index()
 
     def batch_partition_spec(self) -> jax.sharding.PartitionSpec:
-        """`P("data")` for one batch axis, `P(("data", "fsdp"))` for several, in mesh order."""
+        """The PartitionSpec of a batch's leading dimension.
+
+        Returns:
+            `P("data")` for one batch axis, `P(("data", "fsdp"))` for several, in mesh order.
+        """
         from jax.sharding import PartitionSpec
 
         batch = (
@@ -116,6 +161,19 @@ class MeshConfig(ConfigFields):
         `"auto"` computes the mesh instead: `from_preset("auto", hardware=..., model=...,
         global_batch=...)` (and optionally `remat`, `attention`, `axes`) is the winner of
         `choose_mesh`.
+
+        Args:
+            name: a name of `list_presets()`, or "auto".
+            **overrides: axis sizes by the preset's keywords or axis names (`tp=8` or `model=8`),
+                fixed everywhere while the rest axis absorbs the difference; for "auto",
+                `hardware`, `model`, `global_batch` and TrainSpec options.
+
+        Returns:
+            The `MeshConfig`, with the preset's mesh rules.
+
+        Raises:
+            MeshConfigError: an unknown preset or override, or a size the preset cannot hold; for
+                "auto", a missing or unknown option, or no mesh that fits.
         """
         computed = COMPUTED.get(name)  # "auto": the cost model's choice
         if computed is not None:
@@ -129,13 +187,33 @@ class MeshConfig(ConfigFields):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MeshConfig:
-        """Read `to_dict` data (or a TOML table); unknown keys are an error (`fields_from_data`
-        says which forms shapes and rules take)."""
+        """Read `to_dict` data (or a TOML table) back into a config.
+
+        Args:
+            data: a mapping with the keys of `to_dict` (`fields_from_data` says which forms
+                shapes and rules take).
+
+        Returns:
+            The `MeshConfig`.
+
+        Raises:
+            MeshConfigError: an unknown key or an invalid value.
+        """
         return cls(**fields_from_data(data))
 
     @classmethod
     def from_toml(cls, path: str | Path) -> MeshConfig:
-        """Read a config from a TOML file with the keys of `to_dict`."""
+        """Read a config from a TOML file with the keys of `to_dict`.
+
+        Args:
+            path: the TOML file.
+
+        Returns:
+            The `MeshConfig`.
+
+        Raises:
+            MeshConfigError: the file is unreadable or no TOML, or its data invalid.
+        """
         try:
             with open(path, "rb") as f:
                 data = tomllib.load(f)

@@ -55,7 +55,11 @@ class ConfigFields:
             object.__setattr__(self, "mesh_rules", _check_rules(self.mesh_rules, len(names)))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready data (lists, numbers, strings, None) that `fields_from_data` reads back."""
+        """The config as plain data.
+
+        Returns:
+            JSON-ready data (lists, numbers, strings, None) that `from_dict` reads back.
+        """
         batch = self.batch_axis_names
         return {
             "mesh_shape": _shape_to_data(self.mesh_shape),

@@ -1,4 +1,4 @@
-"""`loadax_mesh.distributed`: the public path of a multi-process job's child side (DESIGN.md
+"""`loadax_mesh.distributed`: the public path of a multi-process job's child side (docs/design.md
 section 3), `initialize()` and the launcher's environment contract. The code lives in
 jobs/distributed.py; this module names it where users import it."""
 

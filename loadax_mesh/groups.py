@@ -60,6 +60,16 @@ def axis_groups(mesh: Any, axes: AxisNames) -> list[list[Any]]:
 
     On a `(2, 4)` mesh `("dp", "tp")` the `tp` groups are the rows and the `dp` groups the
     columns. Inside a group, devices run row-major over `axes` in the order given.
+
+    Args:
+        mesh: a Mesh (or anything with `devices` and `axis_names`).
+        axes: an axis name or a tuple of names.
+
+    Returns:
+        The groups, each a list of devices.
+
+    Raises:
+        MeshConfigError: unknown, repeated or non-string names, or no names.
     """
     positions = axis_positions(mesh, axes)
     return [list(row) for row in _grouped(np.asarray(mesh.devices), positions)]
@@ -74,7 +84,18 @@ def process_grid(devices: np.ndarray) -> np.ndarray:
 
 
 def process_groups(mesh: Any, axes: AxisNames) -> list[tuple[int, ...]]:
-    """For each group of `axis_groups(mesh, axes)`, its distinct process indices, sorted."""
+    """For each group of `axis_groups(mesh, axes)`, its distinct process indices, sorted.
+
+    Args:
+        mesh: a Mesh (or anything with `devices` and `axis_names`).
+        axes: an axis name or a tuple of names.
+
+    Returns:
+        One tuple of process indices per group.
+
+    Raises:
+        MeshConfigError: as `axis_groups`.
+    """
     positions = axis_positions(mesh, axes)
     rows = _grouped(process_grid(np.asarray(mesh.devices)), positions)
     ordered = np.sort(rows, axis=1)
@@ -108,7 +129,18 @@ def _id_summary(devices: np.ndarray) -> str:
 
 
 def coordinate(mesh: Any, device: Any) -> dict[str, int]:
-    """`device`'s index along every mesh axis, by axis name."""
+    """`device`'s index along every mesh axis, by axis name.
+
+    Args:
+        mesh: a Mesh (or anything with `devices` and `axis_names`).
+        device: a device of the mesh.
+
+    Returns:
+        Axis name -> index.
+
+    Raises:
+        MeshConfigError: `device` is not in the mesh.
+    """
     return dict(zip(mesh.axis_names, _position(mesh, device), strict=True))
 
 
@@ -120,8 +152,18 @@ def _axis_types(mesh: Any) -> tuple[Any, ...] | None:
 def submesh(mesh: jax.sharding.Mesh, axes: AxisNames, *, device: Any = None) -> jax.sharding.Mesh:
     """The sub-mesh over `axes` (in the order given) that contains `device`.
 
-    `device` defaults to this process's first local device (`jax.local_devices()`) that is in
-    the mesh. Like PyTorch's `mesh["dp", "tp"]`, but any order of names is accepted.
+    Like PyTorch's `mesh["dp", "tp"]`, but any order of names is accepted.
+
+    Args:
+        mesh: the Mesh.
+        axes: an axis name or a tuple of names.
+        device: a device of the mesh (default: this process's first local device in it).
+
+    Returns:
+        A Mesh over those axes.
+
+    Raises:
+        MeshConfigError: bad `axes`, a `device` not in the mesh, or no local device in it.
     """
     import jax
 
@@ -158,7 +200,18 @@ def flatten_axes(mesh: jax.sharding.Mesh, axes: Sequence[str], name: str) -> jax
 
     Along the new axis the devices run row-major over `axes` in the order given, so
     `flatten_axes(mesh, ("dp", "tp"), "x")` numbers devices like PyTorch's flattened ranks.
-    The merged axes must share one axis type.
+
+    Args:
+        mesh: the Mesh.
+        axes: a tuple of axis names to merge.
+        name: the merged axis's name (new, or one of the merged axes' names).
+
+    Returns:
+        A Mesh with the merged axis.
+
+    Raises:
+        MeshConfigError: a single name for `axes`, bad names, a `name` an axis that stays
+            already has, or merged axes of different axis types.
     """
     import jax
 

@@ -72,7 +72,18 @@ class MeshPlan:
         return math.prod(self.shape[a] for a in self.batch_axis_names)
 
     def to_jax_mesh(self, axis_types: Sequence[Any] | None = None) -> jax.sharding.Mesh:
-        """The plan as a `jax.sharding.Mesh` (needs real jax devices)."""
+        """The plan as a `jax.sharding.Mesh`.
+
+        Args:
+            axis_types: None, or one `jax.sharding.AxisType` per axis.
+
+        Returns:
+            The Mesh over the plan's device array and axis names.
+
+        Raises:
+            MeshConfigError: the plan is over simulated devices (a Mesh needs real jax devices),
+                or `axis_types` is not one AxisType per axis.
+        """
         import jax
 
         if isinstance(self.devices.flat[0], SimulatedDevice):
@@ -100,11 +111,20 @@ class MeshPlan:
         return axis_quality(self.layout, self.table.coords, self.axis_names, self.dcn_mesh_shape)
 
     def quality(self) -> dict[str, AxisQuality]:
-        """Per axis: ICI ring steps, hops, efficiency and DCN crossings (DESIGN.md section 5)."""
+        """How good the layout is, per axis (docs/design.md section 5).
+
+        Returns:
+            Axis name -> `AxisQuality`: ICI ring steps, hops, efficiency and DCN crossings.
+        """
         return dict(self._quality)
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan as JSON-ready data; `devices` as nested lists of device ids."""
+        """The plan as plain data.
+
+        Returns:
+            JSON-ready data: the attributes by name, `devices` as nested lists of device ids, and
+            `quality` per axis.
+        """
         return {
             "axis_names": list(self.axis_names),
             "ici_mesh_shape": list(self.ici_mesh_shape),
@@ -120,27 +140,57 @@ class MeshPlan:
     def to_maxtext(
         self, train: TrainSpec, *, model: ModelSpec | None = None, order: bool = True
     ) -> MaxTextConfig:
-        """MaxText's config keys for this plan and `train`'s recipe (and `model`'s shape), with
-        what does not travel; `order` also judges MaxText's own device order (imports jax)."""
+        """MaxText's config keys for this plan and `train`'s recipe, with what does not travel.
+
+        Args:
+            train: the batch, dtypes and recipe.
+            model: the model, for `model_name` and the sequence length (optional).
+            order: also judge the device order MaxText builds with jax's `mesh_utils` (imports jax).
+
+        Returns:
+            A `MaxTextConfig`: the `key=value` settings and notes on what is lost or approximate.
+
+        Raises:
+            MeshConfigError: what MaxText cannot express (an axis with no MaxText role, two
+                data-parallel axes, a tensor or sequence axis that splits the batch, ...).
+        """
         from .export.maxtext import to_maxtext  # a facade: the export lives in export/
 
         return to_maxtext(self, train, model=model, order=order)
 
     def to_axlearn(self, *, order: bool = True) -> AXLearnConfig:
-        """AXLearn's mesh_shape and mesh_rules entry for this plan, as Python text and values."""
+        """AXLearn's `mesh_shape` and `mesh_rules` entry for this plan, as Python text and values.
+
+        Args:
+            order: also judge the device order AXLearn builds with jax's `mesh_utils` (imports jax).
+
+        Returns:
+            An `AXLearnConfig` over AXLearn's six standard axes.
+
+        Raises:
+            MeshConfigError: a batch axis maps to AXLearn's model or pipeline axis.
+        """
         from .export.axlearn import to_axlearn  # a facade: the export lives in export/
 
         return to_axlearn(self, order=order)
 
     def to_flax_rules(self) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
-        """Flax logical axis rules (batch, length, embed, heads, kv_heads, kv, mlp, vocab) onto
-        this plan's axes, for `flax.linen.logical_axis_rules` with this plan's own Mesh."""
+        """Flax logical axis rules onto this plan's axes, for use with this plan's own Mesh.
+
+        Returns:
+            (logical axis, mesh axis or axes or None) pairs for batch, length, embed, heads,
+            kv_heads, kv, mlp and vocab: the argument of `flax.linen.logical_axis_rules`.
+        """
         from .export.flax_rules import to_flax_rules  # a facade: the export lives in export/
 
         return to_flax_rules(self)
 
     def describe(self) -> str:
-        """The plan as text: what `loadax-mesh plan` prints."""
+        """The plan as text.
+
+        Returns:
+            What `loadax-mesh plan` prints: hardware, axes with ring quality, batch, device grid.
+        """
         from .view.report import render_text  # a facade: the text lives in view/
 
         return render_text(self)
@@ -159,7 +209,23 @@ def plan_mesh(
     granule: GranuleSpec = "auto",
     hardware: str | None = None,
 ) -> MeshPlan:
-    """Plan a mesh of `mesh_shape` over `devices` (default `jax.devices()`)."""
+    """Plan a mesh of `mesh_shape` over `devices`, without a `MeshConfig`.
+
+    Args:
+        mesh_shape: a shape (one entry may be -1) or a `HybridMeshShape`.
+        devices: the devices (default `jax.devices()`).
+        axis_names: one name per axis.
+        batch_axis_names: the batch axis or axes.
+        granule: as for `MeshConfig.plan`.
+        hardware: the hardware string the plan names (default: from the devices).
+
+    Returns:
+        The `MeshPlan`.
+
+    Raises:
+        MeshConfigError: an invalid shape or names, or a shape that does not use exactly the
+            devices given.
+    """
     shape, names, batch = cast(Any, (mesh_shape, axis_names, batch_axis_names))
     config = ConfigFields(shape, names, batch)  # validates and converts lists to tuples
     return plan_config(config, devices, granule=granule, hardware=hardware)
@@ -171,7 +237,19 @@ def create_device_mesh(
     *,
     granule: GranuleSpec = "auto",
 ) -> np.ndarray:
-    """The device array alone, as `mesh_utils.create_device_mesh` and AXLearn return it."""
+    """The device array alone, as `mesh_utils.create_device_mesh` and AXLearn return it.
+
+    Args:
+        mesh_shape: a shape (one entry may be -1) or a `HybridMeshShape`.
+        devices: the devices (default `jax.devices()`).
+        granule: as for `MeshConfig.plan`.
+
+    Returns:
+        A numpy object array of the devices, shaped like the mesh, in the planned order.
+
+    Raises:
+        MeshConfigError: an invalid shape, or one that does not use exactly the devices given.
+    """
     shape = (
         mesh_shape
         if isinstance(mesh_shape, HybridMeshShape)

@@ -53,7 +53,11 @@ class Preset:
 
 
 def list_presets() -> list[str]:
-    """The names of the shipped presets (configs/presets/*.toml), sorted."""
+    """The names of the shipped presets.
+
+    Returns:
+        The names of `configs/presets/*.toml`, sorted.
+    """
     return sorted(p.stem for p in config_path("presets").glob("*.toml"))
 
 

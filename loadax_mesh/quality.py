@@ -1,4 +1,4 @@
-"""How good a layout is, per mesh axis (DESIGN.md section 5). Pure numpy.
+"""How good a layout is, per mesh axis (docs/design.md section 5). Pure numpy.
 
 Every line of devices along an axis (all other mesh coordinates fixed) is cut into its ICI runs:
 maximal stretches of consecutive devices in one granule. A run of k > 2 devices is a ring of k

@@ -14,7 +14,19 @@ T = TypeVar("T")
 def match_regex_rules(
     selector: str, rules: Iterable[tuple[str, T]], *, default: Any = None
 ) -> T | Any:
-    """The value of the first rule whose regex matches all of `selector`, else `default`."""
+    """The value of the first rule whose regex matches all of `selector`, else `default`.
+
+    Args:
+        selector: a hardware string such as "tpu-v5p-512".
+        rules: (regex, value) pairs, tried in order with `re.fullmatch`.
+        default: the value when no rule matches.
+
+    Returns:
+        The first matching rule's value, or `default`.
+
+    Raises:
+        MeshConfigError: `selector` is not a string, or a regex is not a valid regex string.
+    """
     if not isinstance(selector, str):
         raise MeshConfigError(f"selector={selector!r} is not a string such as 'tpu-v5p-512'")
     for i, (regex, value) in enumerate(rules):

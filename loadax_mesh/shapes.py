@@ -70,7 +70,11 @@ def check_shape(value: Any, *, field: str, allow_rest: bool = True) -> MeshShape
 class HybridMeshShape:
     """A mesh shape split into its ICI part (inside a granule) and DCN part (across granules).
 
-    Along axis `i` the mesh has `ici_mesh_shape[i] * dcn_mesh_shape[i]` devices.
+    Along axis `i` the mesh has `ici_mesh_shape[i] * dcn_mesh_shape[i]` devices; each part may
+    hold one -1 (ICI: the devices per granule; DCN: the granules).
+
+    Raises:
+        MeshConfigError: when built with parts of different lengths or invalid sizes.
     """
 
     ici_mesh_shape: MeshShape
@@ -98,6 +102,17 @@ def infer_mesh_shape(
 
     Without a `-1` the product must equal `num_devices` exactly: a mesh that uses fewer devices
     than given is an error, never a silent truncation.
+
+    Args:
+        mesh_shape: positive ints, at most one of them -1.
+        num_devices: the device count the shape must use.
+        field: the name the error message gives the shape.
+
+    Returns:
+        The shape as a tuple of positive ints.
+
+    Raises:
+        MeshConfigError: an invalid shape, or one whose product cannot equal `num_devices`.
     """
     shape = check_shape(mesh_shape, field=field)
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:

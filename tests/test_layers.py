@@ -1,4 +1,4 @@
-"""The package's wings and the one way their imports point (DESIGN.md section 2).
+"""The package's wings and the one way their imports point (docs/design.md section 2).
 
 Every import of a package module counts, at the top of a file or inside a function (a lazy
 import is still a dependency), and so do type-only imports under `if TYPE_CHECKING:`.

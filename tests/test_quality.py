@@ -1,4 +1,4 @@
-"""axis_quality (DESIGN.md section 5) on layouts small enough to count by hand."""
+"""axis_quality (docs/design.md section 5) on layouts small enough to count by hand."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Reading an optimised HLO module's text: computations, loop trip counts, and collectives.
 
-The compiler reports a loop body once (shared/facts/libtpu.md, "Loops"); here every
+The compiler reports a loop body once (docs/facts/libtpu.md, "Loops"); here every
 computation gets its multiplicity, how many times one run of the entry runs it (while bodies
 times their trip count, nested loops multiplied). Collectives are read with their replica groups
 in every form XLA prints (explicit lists, iota, the mesh form), as groups of indices into the

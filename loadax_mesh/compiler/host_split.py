@@ -1,4 +1,4 @@
-"""Which bytes of a collective stay inside a host and which cross hosts (DESIGN.md section 6).
+"""Which bytes of a collective stay inside a host and which cross hosts (docs/design.md section 6).
 
 The compiler does not see hosts: a program for 2 hosts of 8 GPUs is the program for one host of
 16. Here each device of the program is given a key (its host, `process_index`; or its granule,

@@ -1,4 +1,4 @@
-"""Compile the reference step for a plan and report what the compiler says (DESIGN.md sec. 7).
+"""Compile the reference step for a plan and report what the compiler says (docs/design.md sec. 7).
 
 Memory per device from `memory_analysis()`, fit against the catalogue's HBM (on GPU the pool
 jax's client preallocates) and, for buffers a remat policy offloads, host memory against the
@@ -136,11 +136,25 @@ class CompileReport:
 
 
 def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileReport:
-    """Compile the reference step for `plan` (its devices must be real or compile-only jax
-    devices). A TPU compile refused for lack of HBM gives a report with `fits` False, what the
-    step as written needs and what the compiler's extra remat got it down to; one it compiled
-    fits its device memory by the compiler's own check. The GPU compiler never refuses, and
-    `fits` compares its figures with the catalogue's. Any other compile error propagates."""
+    """Compile the reference step for `plan` and report what the compiler says.
+
+    A TPU compile refused for lack of HBM gives a report with `fits` False, what the step as
+    written needs and what the compiler's extra remat got it down to; one it compiled fits its
+    device memory by the compiler's own check. The GPU compiler never refuses, and `fits`
+    compares its figures with the memory jax's GPU client may use.
+
+    Args:
+        plan: a plan over real or compile-only jax devices (`topology_devices`).
+        model: the model's shape.
+        train: the batch, dtypes and recipe.
+
+    Returns:
+        The `CompileReport`: memory, fit, FLOPs, roofline and collectives, per device.
+
+    Raises:
+        MeshConfigError: a model or batch that does not divide over the plan's axes.
+            Any other compile error propagates.
+    """
     import jax
 
     from ..workload.step import make_step

@@ -6,7 +6,7 @@ come from XLA's HLO cost analysis: every operation is wrapped alone in a module 
 operands as parameters, a fusion with its fused computation) and analysed there, so a fusion's
 bytes are what XLA counts for it (a dynamic slice of a stacked weight reads the slice, not the
 stack). XLA gives kernels no cost (a custom call adds -1: libtpu's `optimal_seconds` goes
-negative on the splash kernels, shared/facts/production_runs.md), so they are counted here from
+negative on the splash kernels, docs/facts/production_runs.md), so they are counted here from
 their shapes: jax's splash-attention kernels on TPU and cuDNN's fused attention on GPU.
 
 Collectives, host transfers and control flow are not operations of the chip's cores: they add

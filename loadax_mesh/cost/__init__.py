@@ -1,4 +1,4 @@
-"""The cost model (DESIGN.md section 8): memory, compute and collectives of the reference step
+"""The cost model (docs/design.md section 8): memory, compute and collectives of the reference step
 on a plan, and the mesh that makes it fastest. Pure Python: no jax."""
 
 from .choose import Choice, Ranking, choose_mesh

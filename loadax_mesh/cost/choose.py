@@ -43,7 +43,7 @@ _BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"])
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
-# host memory (shared/facts/production_runs.md).
+# host memory (docs/facts/production_runs.md).
 RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks")
 MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
 REMATS: tuple[str | dict[str, str], ...] = (
@@ -91,19 +91,37 @@ def choose_mesh(
     headroom: float = 0.1,
     recipes: Iterable[Mapping[str, Any]] | None = None,
 ) -> Ranking:
-    """The `top` fitting meshes of `axes` for `model` (a ModelSpec or a name from
-    configs/models/) on `hardware`, fastest first, each with the fastest recipe that fits it;
-    each Choice carries its MeshConfig, MeshPlan, Estimate and TrainSpec. A mesh fits when its
-    estimate leaves `headroom` of the HBM (and of the host memory it offloads to) free: what the
-    estimate may miss (against the compiler it is within 20%, benchmarks/bench_cost.py).
+    """The `top` fitting meshes of `axes` for `model` on `hardware`, fastest first, each with the
+    fastest recipe that fits it.
 
-    `train` gives the batch, dtypes and attention. `recipes` narrows the recipe search: an
-    iterable of mappings from recipe fields (RECIPE_FIELDS) to values; a field a mapping leaves
-    out is searched (remat over REMATS, microbatches over the divisors of the per-replica
-    batch, logits_chunks over LOGITS_CHUNKS), so `[{}]` is the whole search and
-    `[{"remat": "full", "microbatches": 1, "logits_chunks": 1}]` one recipe. None (default):
-    the whole search. Ties in step time go to less communication, then less device memory, then
-    the earlier recipe of the search (REMATS order, fewer micro-batches, fewer chunks)."""
+    A mesh fits when its estimate leaves `headroom` of the HBM (and of the host memory it
+    offloads to) free: what the estimate may miss (against the compiler it is within 20%,
+    benchmarks/bench_cost.py). Ties in step time go to less communication, then less device
+    memory, then the earlier recipe of the search (REMATS order, fewer micro-batches, fewer
+    chunks).
+
+    Args:
+        hardware: a catalogue hardware string.
+        model: a ModelSpec or a name from `configs/models/`.
+        train: the batch, dtypes and attention (and the recipe when `recipes` pins it).
+        axes: the mesh axes whose shapes and ICI/DCN splits are searched.
+        top: how many choices to return.
+        headroom: the share of memory left free, in [0, 1).
+        recipes: narrows the recipe search: mappings from recipe fields (RECIPE_FIELDS) to
+            values; a field a mapping leaves out is searched (remat over REMATS, microbatches
+            over the divisors of the per-replica batch, logits_chunks over LOGITS_CHUNKS), so
+            `[{}]` is the whole search and `[{"remat": "full", "microbatches": 1,
+            "logits_chunks": 1}]` one recipe. None (default): the whole search.
+
+    Returns:
+        A `Ranking` (a list of `Choice`, best first: each its MeshConfig, MeshPlan, Estimate
+        and TrainSpec) that also says how many meshes were considered, pruned and planned.
+
+    Raises:
+        MeshConfigError: unknown hardware or model, bad `top`, `headroom` or `recipes`, a batch
+            no mesh's data-parallel degree divides, or no mesh that fits with any recipe
+            searched (the message gives the smallest need).
+    """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     names = _check_axes(axes, top)
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:

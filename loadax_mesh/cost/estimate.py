@@ -79,7 +79,21 @@ class Estimate:
 
 
 def estimate(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> Estimate:
-    """Estimate the reference step on `plan` (its hardware string must be in the catalogue)."""
+    """Estimate the reference step on `plan` with the cost model (no jax).
+
+    Args:
+        plan: a plan whose hardware string is in the catalogue (simulated devices are fine).
+        model: the model's shape.
+        train: the batch, dtypes and recipe.
+
+    Returns:
+        The `Estimate`: memory terms, compute, collectives per axis, step time, MFU and the
+        bottleneck.
+
+    Raises:
+        MeshConfigError: hardware the catalogue does not know, or a model, batch or recipe
+            that does not divide over the plan's axes.
+    """
     r, factors, efficiency, facts = plan_parts(plan)
     check_fit(model, train, r)
     return estimate_parts(model, train, r, factors, efficiency, facts)

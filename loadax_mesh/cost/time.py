@@ -1,4 +1,4 @@
-"""Step time, term by term: what a device does below its peak (DESIGN.md section 8).
+"""Step time, term by term: what a device does below its peak (docs/design.md section 8).
 
 - Matmuls: every projection of a layer and the head's, per micro-batch, forward, backward (its
   two matmuls, for the input and the weight gradient) and again where the remat placement
@@ -16,7 +16,7 @@
   scale-out network) is exposed. The measured runs say so: MaxText's LLaMA-2 7B on A3 hosts
   runs its data-parallel reduction inside the layer loop, where its time at the network's
   rate would hide behind the backward pass, yet the step grows by 17-31% from 1 to 2-16 hosts
-  (shared/facts/production_runs.md).
+  (docs/facts/production_runs.md).
 - Host offload: on TPU each direction's copies are DMAs beside the cores and hide behind their
   own pass (out: the forward, in: the backward); only what exceeds it is exposed (the v6e
   calibration runs all offload). On GPU both directions are counted exposed: on one H200 (jax

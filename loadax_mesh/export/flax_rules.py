@@ -1,5 +1,5 @@
 """The plan as Flax logical axis rules (`flax.linen.logical_axis_rules`, `nnx` sharding
-metadata): the logical axes of the reference step (DESIGN.md section 7) mapped onto the plan's
+metadata): the logical axes of the reference step (docs/design.md section 7) mapped onto the plan's
 own mesh axes, to use with the plan's own `Mesh`, so the ring order is kept.
 
 `batch` -> the batch axes; `length` -> the sequence axis; `embed` (the d_model dim of weights)

@@ -28,6 +28,15 @@ def detect_hardware(devices: Sequence[Any] | None = None) -> str:
     == h` for every catalogue string; GPU instance types that share a device kind cannot be
     told apart, so the first catalogue entry that fits is named. Otherwise the generic selector
     `<platform>-<device kind>-<devices>` (`generic_selector`), e.g. `gpu-nvidia-h100-80gb-hbm3-1`.
+
+    Args:
+        devices: the devices to name (default `jax.devices()`).
+
+    Returns:
+        The hardware string, as mesh rules match it.
+
+    Raises:
+        MeshConfigError: no devices, or objects without a device's attributes.
     """
     if devices is None:
         import jax

@@ -75,7 +75,7 @@ class HardwareSpec:
 
     @property
     def granules(self) -> int:
-        """How many granules `granule="auto"` forms on these devices (DESIGN.md section 3)."""
+        """How many granules `granule="auto"` forms on these devices (docs/design.md section 3)."""
         return self.slices if self.platform in ("tpu", "gpu") else self.hosts
 
     def fact(self, name: str) -> Fact | None:
@@ -259,9 +259,20 @@ def simulate_devices(hardware: str | HardwareSpec) -> SimulatedDevices:
 
     TPU: ids row-major over chip coords (x fastest) then core, slice by slice, as in JAX's own
     mesh tests; `coords` are 3-tuples (z = 0 on 2D generations); `slice_index` only when there
-    are several slices, as on libtpu's devices. GPU: ids grouped by host,
-    `slice_index` per NVLink domain, `coords = (domain, host in domain, local GPU)` as jax's
-    GPU devices carry them. CPU: no slice_index, no coords.
+    are several slices, as on libtpu's devices. GPU: ids grouped by host, `slice_index` per
+    NVLink domain, `coords = (domain, host in domain, local GPU)` as jax's GPU devices carry
+    them. CPU: no slice_index, no coords.
+
+    Args:
+        hardware: a catalogue hardware string such as "tpu-v5p-512", "gpu-p5.48xlarge-16" or
+            "cpu-2x4" (`loadax-mesh hardware` lists them).
+
+    Returns:
+        The devices, each with `id`, `platform`, `device_kind`, `process_index` and, where the
+        hardware has them, `slice_index`, `coords` and `core_on_chip`.
+
+    Raises:
+        MeshConfigError: not a hardware string, or a size the catalogue does not offer.
     """
     spec = hardware if isinstance(hardware, HardwareSpec) else parse_hardware(hardware)
     devices = SimulatedDevices(_simulate(spec))

@@ -1,4 +1,4 @@
-"""Real device objects without the hardware: compile-only TPU and GPU devices (DESIGN.md
+"""Real device objects without the hardware: compile-only TPU and GPU devices (docs/design.md
 section 6).
 
 `jax.experimental.topologies.get_topology_desc` gives the devices Google's TPU runtime would
@@ -45,10 +45,19 @@ def topology_devices(hardware: str) -> TopologyDevices:
     TPU: libtpu's, multislice included; hosts follow the catalogue (libtpu's default host is
     2x2x1 chips; a v5e-8 is one host of 2x4). v4 differs from the real machine: see
     `DIFFERENCES` (libtpu takes no megacore option). GPU: XLA's CUDA client's, one partition
-    per NVLink domain and one process per host, for the chip of configs/gpu_targets/ (see
+    per NVLink domain and one process per host, for the chip of `configs/gpu_targets/` (see
     topology_gpu.py; their slice_index differs from the real cluster's, see `DIFFERENCES`).
-    CPU strings, strings the catalogue does not know, and a missing libtpu, CUDA plugin or
-    ptxas are `MeshConfigError`s.
+
+    Args:
+        hardware: a TPU or GPU catalogue string such as "tpu-v5p-512".
+
+    Returns:
+        The devices, which plan like any others and compile with the real compiler; where they
+        differ from the real machine's, the list says how.
+
+    Raises:
+        MeshConfigError: a CPU string, a string the catalogue does not know, or a missing
+            libtpu, CUDA plugin or ptxas (the message says what to install).
     """
     spec = parse_hardware(hardware)
     difference: str | None

@@ -1,10 +1,10 @@
-"""Compile-only GPU devices without a GPU: XLA's CUDA client (DESIGN.md section 6, GPU part).
+"""Compile-only GPU devices without a GPU: XLA's CUDA client (docs/design.md section 6, GPU part).
 
 `get_topology_desc(platform="cuda", target_config=..., topology="PxHxG")` gives the devices of
 a GPU cluster (P NVLink domains, which XLA calls partitions, of H hosts of G GPUs) on a machine
 with no GPU, and `jax.jit(...).lower(...).compile()` runs XLA's whole GPU pipeline for them.
 The chip's facts come from configs/gpu_targets/ (one file per device_kind). Needs
-`pip install 'loadax-mesh[gpu-aot]'`; measured facts: ../shared/facts/gpu_compile_only.md.
+`pip install 'loadax-mesh[gpu-aot]'`; measured facts: docs/facts/gpu_compile_only.md.
 """
 
 from __future__ import annotations

@@ -199,8 +199,20 @@ def host_batch_slice(
     """The rows of the global batch that process `process_index` (default: this one) loads.
 
     Processes whose devices hold the same rows (a model axis across hosts) share a
-    `shard_index`. Sizes that do not divide by the data-parallel size, and layouts where a
-    process's rows are not one contiguous range, are a MeshConfigError.
+    `shard_index`.
+
+    Args:
+        mesh: the Mesh (or a MeshPlan's device grid as a Mesh) the batch is sharded over.
+        global_batch_size: rows in the global batch.
+        batch_axis_names: the batch axis or axes.
+        process_index: the process asked about (default `jax.process_index()`).
+
+    Returns:
+        A `HostBatchSlice`: `start`, `stop`, `shard_index`, `num_shards`.
+
+    Raises:
+        MeshConfigError: a size that does not divide by the data-parallel size, or a layout
+            where the process's rows are not one contiguous range.
     """
     layout = _layout(mesh, _ordered_axes(mesh, batch_axis_names))
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int | np.integer):
@@ -272,8 +284,19 @@ def shard_batch(batch: Any, mesh: jax.sharding.Mesh, batch_axis_names: AxisNames
     """A pytree of host-local arrays (dimension 0: this process's rows) as global jax.Arrays.
 
     Dimension 0 is sharded over the batch axes; the process's rows are its batch shards in row
-    order (one contiguous slice when `host_batch_slice` accepts the layout). Rows that do not
-    divide evenly over this process's shards are a MeshConfigError, never padded or dropped.
+    order (one contiguous slice when `host_batch_slice` accepts the layout).
+
+    Args:
+        batch: a pytree of arrays whose leading dimension is this process's rows.
+        mesh: the Mesh the batch is sharded over.
+        batch_axis_names: the batch axis or axes.
+
+    Returns:
+        The same pytree of global jax.Arrays, sharded on dimension 0 over the batch axes.
+
+    Raises:
+        MeshConfigError: unknown batch axes, or rows that do not divide evenly over this
+            process's shards (never padded or dropped).
     """
     import jax
 

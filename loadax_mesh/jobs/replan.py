@@ -1,4 +1,4 @@
-"""Losing hardware: plan the same config on what is left (DESIGN.md section 10).
+"""Losing hardware: plan the same config on what is left (docs/design.md section 10).
 
 `replan` is stateless: a restarted process calls it with the devices it sees. It drops every
 granule that lost a device (a TPU slice missing a host has no torus; an NVLink domain missing a
@@ -70,11 +70,21 @@ def replan(
 ) -> Replan:
     """Plan `config` on `devices` minus every granule that lost devices (see the module doc).
 
-    `rows_per_device`: the most batch rows a device may hold in one micro-batch (the budget the
-    job had, e.g. `global_batch // data_parallel_size` of its first plan). `hardware`: the
-    catalogue string the job started on, which gives a granule's full size. `granule` is passed
-    to the plan. A config that does not fit the devices left, or a global batch that the new
-    data-parallel degree does not divide, is a MeshConfigError saying what would work.
+    Args:
+        config: the job's MeshConfig.
+        devices: the devices left (a restarted process passes what it sees).
+        global_batch: the global batch to keep.
+        rows_per_device: the most batch rows a device may hold in one micro-batch (the budget
+            the job had, e.g. `global_batch // data_parallel_size` of its first plan).
+        hardware: the catalogue string the job started on, which gives a granule's full size.
+        granule: passed to the plan.
+
+    Returns:
+        A `Replan`: the plan, the micro-batches that keep the batch, the devices left idle.
+
+    Raises:
+        MeshConfigError: a config that does not fit the devices left, or a global batch the
+            new data-parallel degree does not divide (the message says what would work).
     """
     from ..config import MeshConfig
 

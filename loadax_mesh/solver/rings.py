@@ -39,8 +39,8 @@ class Factor(NamedTuple):
 @dataclass(frozen=True)
 class Ring:
     """How one axis's ring runs: through the `chip` factors (inner first) by `method`, with the
-    `cores` factors innermost. `hops` is the cost of one ring, as DESIGN.md section 5 counts it.
-    A "lifted" ring (hostrings.py) carries its chip digits in `path`."""
+    `cores` factors innermost. `hops` is the cost of one ring, as docs/design.md section 5 counts
+    it. A "lifted" ring (hostrings.py) carries its chip digits in `path`."""
 
     chip: tuple[Factor, ...]
     cores: tuple[Factor, ...]

@@ -109,7 +109,11 @@ def _positive(value: Any, field: str) -> int:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer LM: GQA attention, SwiGLU MLP, RMSNorm, layers under a scan."""
+    """A decoder-only transformer LM: GQA attention, SwiGLU MLP, RMSNorm, layers under a scan.
+
+    Raises:
+        MeshConfigError: when built with a size that is not a positive int.
+    """
 
     name: str
     num_layers: int
@@ -157,7 +161,17 @@ class ModelSpec:
 
     @classmethod
     def from_name(cls, name: str) -> ModelSpec:
-        """The model in configs/models/<name>.toml."""
+        """The model in `configs/models/<name>.toml`.
+
+        Args:
+            name: a catalogue model such as "llama3-8b" (`loadax-mesh models` lists them).
+
+        Returns:
+            The `ModelSpec`.
+
+        Raises:
+            MeshConfigError: an unknown name.
+        """
         names = list_models()
         if not isinstance(name, str) or name not in names:
             raise MeshConfigError(
@@ -167,7 +181,17 @@ class ModelSpec:
 
     @classmethod
     def from_toml(cls, path: str) -> ModelSpec:
-        """A model from a TOML file with this class's fields (`name` and `source` included)."""
+        """A model from a TOML file with this class's fields (`name` and `source` included).
+
+        Args:
+            path: the TOML file.
+
+        Returns:
+            The `ModelSpec`.
+
+        Raises:
+            MeshConfigError: the file is unreadable, or a field is missing, unknown or invalid.
+        """
         try:
             with open(path, "rb") as f:
                 data = tomllib.load(f)
@@ -210,6 +234,10 @@ class TrainSpec:
     accumulation, the step's batch run in that many sequential slices, gradients summed.
     `logits_chunks`: the loss computed over that many slices of the tokens, so the
     [tokens, vocab] logits never exist whole.
+
+    Raises:
+        MeshConfigError: when built with an invalid field (a batch that is not a positive int,
+            an unknown dtype, remat policy, tensor or placement, ...).
     """
 
     global_batch: int

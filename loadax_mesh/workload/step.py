@@ -1,4 +1,4 @@
-"""The reference training step in plain jax: a decoder-only LM (DESIGN.md section 7).
+"""The reference training step in plain jax: a decoder-only LM (docs/design.md section 7).
 
 Embedding, RMSNorm, grouped-query attention with a causal mask and rotary positions, SwiGLU
 MLP, layers under `lax.scan` with a remat policy, cross-entropy in float32, Adam, and the
