@@ -192,7 +192,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             "svg": args.svg,
         }
         if ranking is not None:
-            from .cost import ranking_data
+            from ..view.estimate import ranking_data
 
             data["ranking"] = ranking_data(ranking)
         print_json(data)
@@ -201,7 +201,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         plan, global_batch=args.global_batch, color=_use_color(args.color), notes=tuple(notes)
     )
     if ranking is not None:
-        from .cost import ranking_text
+        from ..view.estimate import ranking_text
 
         text = ranking_text(ranking) + "\n\n" + text
     print(text + (f"\n\nsvg        wrote {args.svg}" if args.svg else ""))
