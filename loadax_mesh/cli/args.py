@@ -75,7 +75,7 @@ def config_from_args(args: argparse.Namespace, selector: str) -> tuple[MeshConfi
     """The MeshConfig the flags describe, and a sentence saying where its shape comes from."""
     from ..config import MeshConfig
     from ..shapes import HybridMeshShape
-    from ..view.report import show_shape
+    from ..view.picture import shape_text
 
     if args.shape is None:
         for flag in ("dcn_shape", "axes"):
@@ -111,7 +111,7 @@ def config_from_args(args: argparse.Namespace, selector: str) -> tuple[MeshConfi
         if args.dcn_shape is not None:
             shape = HybridMeshShape(shape, _ints(args.dcn_shape, "--dcn-shape"))
         config = MeshConfig(shape, axes, batch)
-        return config, f"shape {show_shape(config.mesh_shape)} from --shape"
+        return config, f"shape {shape_text(config.mesh_shape)} from --shape"
     assert preset is not None
     config = MeshConfig(preset.mesh_shape, axes, batch, preset.mesh_rules)
     rules = config.mesh_rules or ()
@@ -119,11 +119,11 @@ def config_from_args(args: argparse.Namespace, selector: str) -> tuple[MeshConfi
         if re.fullmatch(regex, selector):
             return config, (
                 f"preset {args.strategy}: rule '{regex}' matches {selector}, shape "
-                f"{show_shape(config.select(selector).mesh_shape)}"
+                f"{shape_text(config.select(selector).mesh_shape)}"
             )
     return config, (
         f"preset {args.strategy}: none of its {len(rules)} mesh rules matches "
-        f"{selector}, so its default shape {show_shape(config.mesh_shape)} is used"
+        f"{selector}, so its default shape {shape_text(config.mesh_shape)} is used"
     )
 
 
@@ -176,11 +176,6 @@ def _overrides(items: list[str]) -> dict[str, int]:
             raise UsageError(f"--set {item!r}; accepted: AXIS=SIZE with SIZE an integer, e.g. tp=8")
         result[match[1]] = int(match[2])
     return result
-
-
-def size_text(n: float) -> str:
-    """Bytes for a reader: GB, or MB below 10 MB (where GB would read 0.00)."""
-    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
 
 
 def print_json(data: Any) -> None:

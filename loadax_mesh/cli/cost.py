@@ -1,17 +1,17 @@
 """The CLI's cost-model faces: `estimate` (one estimate's breakdown) and `plan --strategy auto`
-(the ranking `choose_mesh` gives, before the winner's plan)."""
+(the ranking `choose_mesh` gives, before the winner's plan): the flags they read; their text
+is view/estimate.py's."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from ..view.picture import shape_text
-from .args import UsageError, print_json, size_text
+from .args import UsageError, print_json
 
 if TYPE_CHECKING:
     from ..config import MeshConfig
-    from ..cost import Estimate, Ranking
+    from ..cost import Ranking
     from ..plan import MeshPlan
     from ..workload import ModelSpec, TrainSpec
 
@@ -53,6 +53,7 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
 def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     """`--strategy auto`: the winner's config, the ranking, and a note saying so."""
     from ..cost import choose_mesh
+    from ..view.estimate import auto_note
 
     if args.hardware is None:
         raise UsageError("--strategy auto needs a catalogue HARDWARE string (its facts)")
@@ -70,69 +71,14 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     fixed = recipe(args)
     ranking = choose_mesh(args.hardware, model, train, recipes=[fixed])
     args.chosen_train = ranking[0].train  # what estimate and compile then run
-    searched = [f"--{f.replace('_', '-')}" for f in ("remat", "microbatches", "logits_chunks")]
-    searched = [f for f, k in zip(searched, ("remat", "microbatches", "logits_chunks"), strict=True)
-                if k not in fixed]  # fmt: skip
-    what = f" and recipes ({', '.join(searched)} searched)" if searched else ""
-    return (
-        ranking[0].config,
-        ranking,
-        f"strategy auto: the fastest of {ranking.considered} meshes{what}; recipe "
-        f"{recipe_text(ranking[0].train)}",
-    )
-
-
-def recipe_text(train: TrainSpec) -> str:
-    """A recipe as the command line writes it: remat, micro-batches, logits chunks."""
-    return (
-        f"remat {train.remat_text}, microbatches {train.microbatches}, "
-        f"logits chunks {train.logits_chunks}"
-    )
-
-
-def ranking_text(ranking: Ranking) -> str:
-    """The ranking as a table: shape, ICI x DCN, memory against HBM, step time, MFU."""
-    from ..view.report import text_table
-
-    header = ["", "mesh", "ici x dcn", "recipe", "memory", "host", "step", "MFU", "bottleneck"]
-    rows: list[list[Any]] = [header]
-    for k, c in enumerate(ranking, 1):
-        e = c.estimate
-        rows.append(
-            [
-                f"{k}.",
-                shape_text(e.mesh, drop_ones=True) or "1 device",
-                f"{_shape(c.ici)} x {_shape(c.dcn)}",
-                f"{e.remat} x{e.microbatches}" + (f" /{e.logits_chunks}" * (e.logits_chunks > 1)),
-                f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB",
-                f"{e.host_bytes / 1e9:.1f} GB" if e.host_bytes else "-",
-                f"{e.step_seconds:.3f} s",
-                f"{e.mfu:.2f}",
-                e.bottleneck,
-            ]
-        )
-    pruned = ", ".join(f"{n} {why}" for why, n in ranking.pruned.items()) or "none"
-    return (
-        f"ranking    {ranking.considered} shapes x ICI/DCN splits considered; pruned: {pruned}; "
-        f"{ranking.planned} planned on the real rings; recipe: remat x micro-batches "
-        f"[/ logits chunks]\n{text_table(rows)}"
-    )
-
-
-def ranking_data(ranking: Ranking) -> dict[str, Any]:
-    return {
-        "considered": ranking.considered,
-        "pruned": ranking.pruned,
-        "planned": ranking.planned,
-        "choices": [
-            {"ici_mesh_shape": list(c.ici), "dcn_mesh_shape": list(c.dcn), **c.estimate.to_dict()}
-            for c in ranking
-        ],
-    }
+    fields = ("remat", "microbatches", "logits_chunks")
+    searched = [f"--{k.replace('_', '-')}" for k in fields if k not in fixed]
+    return ranking[0].config, ranking, auto_note(ranking, searched)
 
 
 def estimate_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str]) -> int:
     from ..cost import estimate
+    from ..view.estimate import estimate_text
 
     model, train = specs(args)
     e = estimate(plan, model, train)
@@ -141,59 +87,3 @@ def estimate_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str])
     else:
         print(estimate_text(e, notes))
     return 0
-
-
-def estimate_text(e: Estimate, notes: list[str]) -> str:
-    """One estimate's breakdown: memory terms and phases, compute, each axis's collectives."""
-    from ..view.report import text_table
-
-    mesh = shape_text(e.mesh)
-    verdict = "fits" if e.fits else "does NOT fit"
-    host = "?" if e.host_memory_bytes is None else size_text(e.host_memory_bytes)
-    lines = [
-        f"estimate   {e.model}, global batch {e.global_batch} on {e.hardware}",
-        f"recipe     remat {e.remat}, microbatches {e.microbatches}, logits chunks "
-        f"{e.logits_chunks}",
-        f"mesh       {mesh}",
-        *(f"note       {n}" for n in notes),
-        "",
-        f"memory     {size_text(e.memory_bytes)} per device of {size_text(e.hbm_bytes)}, host "
-        f"{size_text(e.host_bytes)} of {host}: {verdict}",
-        "           "
-        + ", ".join(f"{k} {size_text(v)}" for k, v in e.memory.items() if v)
-        + f" (live at the peak: the {max(e.phases, key=lambda p: e.phases[p])})",
-        "           phases: " + ", ".join(f"{k} {size_text(v)}" for k, v in e.phases.items()),
-        f"compute    {e.flops:.3e} FLOPs a device ({e.recompute_flops:.3e} recomputed), "
-        f"{e.compute_seconds * 1e3:.1f} ms at peak",
-    ]
-    if e.offload_bytes:
-        lines.append(
-            f"offload    {size_text(e.offload_bytes)} each way over the host link, "
-            f"{e.offload_seconds * 1e3:.1f} ms, {e.offload_exposed_seconds * 1e3:.1f} ms exposed"
-        )
-    rows: list[list[Any]] = [["axis", "role", "ici x dcn", "bytes", "across granules", "time"]]
-    for a in e.axes.values():
-        if a.bytes:
-            rows.append(
-                [
-                    a.axis,
-                    a.role,
-                    f"{a.ici} x {a.dcn}",
-                    size_text(a.bytes),
-                    size_text(a.across_granules),
-                    f"{a.seconds * 1e3:.1f} ms"
-                    + (f" ({a.exposed_seconds * 1e3:.1f} exposed)" if a.exposed_seconds else ""),
-                ]
-            )
-    if len(rows) > 1:
-        lines += ["", text_table(rows), ""]
-    lines += [
-        f"step       {e.step_seconds * 1e3:.1f} ms; {e.tokens_per_second:,.0f} tokens/s a device;"
-        f" MFU {e.mfu:.2f}; bottleneck: {e.bottleneck}",
-        f"overlap    {e.overlap}",
-    ]
-    return "\n".join(lines)
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ",".join(map(str, shape)) + ")"

@@ -192,7 +192,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             "svg": args.svg,
         }
         if ranking is not None:
-            from .cost import ranking_data
+            from ..view.estimate import ranking_data
 
             data["ranking"] = ranking_data(ranking)
         print_json(data)
@@ -201,7 +201,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         plan, global_batch=args.global_batch, color=_use_color(args.color), notes=tuple(notes)
     )
     if ranking is not None:
-        from .cost import ranking_text
+        from ..view.estimate import ranking_text
 
         text = ranking_text(ranking) + "\n\n" + text
     print(text + (f"\n\nsvg        wrote {args.svg}" if args.svg else ""))
@@ -324,7 +324,8 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
     from ..hardware.detect import generic_selector, match_catalogue
     from ..hardware.devices import read_devices
-    from ..view.report import catalogue_lines, platform_facts, text_table
+    from ..hardware.profile import platform_traits
+    from ..view.report import catalogue_lines, text_table
 
     devices = _jax_devices()
     if jax.process_index() != 0:  # under `launch`: every process sees the same global set
@@ -345,7 +346,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     lines = [
         f"hardware {selector}: {n} device{'s' * (n != 1)}, process {jax.process_index()} of "
         f"{jax.process_count()}",
-        *catalogue_lines(miss, platform_facts(table.platform)),
+        *catalogue_lines(miss, platform_traits(table.platform).catalogue_facts),
     ]
     print("\n".join(lines) + f"\n\n{text_table(rows)}")
     if len(records) > MAX_DEVICE_LINES:

@@ -10,19 +10,15 @@ tensor or sequence axes across granules (their collectives are exposed, DCN make
 slower than the same shape with that factor on a batch axis). Memory does not depend on device
 order, so candidates that do not fit are dropped before planning; the rest are estimated with
 perfect rings first, which bounds their real time from below, and only those whose bound can
-still reach the top are planned by the real planner and estimated on its rings.
-
-Recipes (`recipe_space`): per mesh, for each remat placement and logits-chunk count, only the
-fewest micro-batches that fit are timed (more only add weight gathers, never speed). Memory is
-checked before time, so a recipe that does not fit is never timed.
+still reach the top are planned by the real planner and estimated on its rings. The recipes
+each mesh may run are cost/recipes.py's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from functools import cache
+from dataclasses import dataclass, fields
 from itertools import product
 from typing import Any
 
@@ -35,21 +31,10 @@ from ..shapes import HybridMeshShape
 from ..workload.layout import ROLE_NAMES, Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .estimate import Estimate, estimate_parts, holds_tables
-from .memory import host_bytes, memory_terms, phases
+from .recipes import RECIPE_FIELDS, Recipe, check_recipes, divisors, fitting_recipes
 
 AXES = ("data", "fsdp", "seq", "model")
-_Priced = list[tuple[TrainSpec, dict[str, int]]]  # recipes that fit a mesh, with memory terms
 _BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"])
-
-# The recipe fields a search varies, and the default search. MaxText's custom offload as the
-# tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
-# host memory (docs/facts/production_runs.md).
-RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks")
-MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
-REMATS: tuple[str | dict[str, str], ...] = (
-    "none", "dots_attention", "dots", "full", "offload", MAXTEXT_OFFLOAD,
-)  # fmt: skip
-LOGITS_CHUNKS = (1, 4, 16)
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +53,35 @@ class Choice:
     @property
     def dcn(self) -> tuple[int, ...]:
         return self.plan.dcn_mesh_shape
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A mesh that fits: its roles, the ICI and DCN factor of each axis, the recipes that fit
+    it, and `bound`, the ranking key of its fastest recipe on perfect rings (a lower bound of
+    the key on the planner's rings)."""
+
+    bound: tuple[Any, ...]
+    roles: Roles
+    factors: dict[str, tuple[int, int]]  # axis -> (ici, dcn), in mesh order
+    recipes: list[Recipe]
+
+    @property
+    def ici(self) -> tuple[int, ...]:
+        return tuple(i for i, _ in self.factors.values())
+
+    @property
+    def dcn(self) -> tuple[int, ...]:
+        return tuple(d for _, d in self.factors.values())
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """The fastest recipe on a mesh: its ranking key, recipe and estimate."""
+
+    key: tuple[Any, ...]
+    train: TrainSpec
+    estimate: Estimate
 
 
 class Ranking(list[Choice]):
@@ -109,7 +123,8 @@ def choose_mesh(
         headroom: the share of memory left free, in [0, 1).
         recipes: narrows the recipe search: mappings from recipe fields (RECIPE_FIELDS) to
             values; a field a mapping leaves out is searched (remat over REMATS, microbatches
-            over the divisors of the per-replica batch, logits_chunks over LOGITS_CHUNKS), so
+            over the divisors of the per-replica batch, logits_chunks over LOGITS_CHUNKS; all
+            three in cost/recipes.py), so
             `[{}]` is the whole search and `[{"remat": "full", "microbatches": 1,
             "logits_chunks": 1}]` one recipe. None (default): the whole search.
 
@@ -126,15 +141,15 @@ def choose_mesh(
     names = _check_axes(axes, top)
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")
-    wanted = _check_recipes(recipes, train)
+    wanted = check_recipes(recipes, train)
     profile = hardware_profile(hardware)
     spec, facts = profile.spec, profile.facts()
     devices = simulate_devices(spec)
     batch = tuple(a for a in names if a in _BATCH)
     n, granules = spec.num_devices, spec.granules
     ranking = Ranking()
-    fitting: list[tuple[tuple[Any, ...], Roles, tuple[int, ...], tuple[int, ...], _Priced]] = []
-    smallest: int | None = None
+    candidates: list[_Candidate] = []
+    smallest: int | None = None  # the least memory a mesh needs where none fits
     batch_ok = False
     for sizes in _factorisations(n, len(names)):
         r = roles(tuple(zip(names, sizes, strict=True)), batch)
@@ -147,7 +162,10 @@ def choose_mesh(
             _count(ranking.pruned, "the model or batch does not divide", splits)
             continue
         batch_ok = True
-        found: dict[bool, tuple[_Priced, int | None]] = {}
+        # the recipes that fit, and the least memory of those that do not, by whether the
+        # split holds the embedding tables for a reduction across granules (memory depends on
+        # nothing else of the split)
+        fitting: dict[bool, tuple[list[Recipe], int | None]] = {}
         for dcn in _dcn_splits(sizes, granules):
             ranking.considered += 1
             if any(d > 1 and a in (r.model, r.seq) for a, d in zip(names, dcn, strict=True)):
@@ -156,23 +174,23 @@ def choose_mesh(
             ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
             factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
             held = holds_tables(facts, r, factors)
-            if held not in found:
-                found[held] = _fitting_recipes(model, train, wanted, r, facts, held, headroom)
-            recipes_here, least = found[held]
+            if held not in fitting:
+                fitting[held] = fitting_recipes(model, train, wanted, r, facts, held, headroom)
+            recipes_here, least = fitting[held]
             if not recipes_here:
                 if least is not None:
                     smallest = least if smallest is None else min(smallest, least)
                 _count(ranking.pruned, f"no recipe fits in {1 - headroom:.0%} of memory", 1)
                 continue
-            bound, _, kept = _best(model, r, factors, {}, facts, recipes_here)
-            fitting.append((bound, r, ici, dcn, kept))
+            bound = _fastest(model, r, factors, {}, facts, recipes_here).key  # perfect rings
+            candidates.append(_Candidate(bound, r, factors, recipes_here))
     if not batch_ok:
         raise MeshConfigError(
             f"global_batch={train.global_batch} is smaller than, or no multiple of, the "
             f"data-parallel degree of every mesh of {list(names)} over {n} devices; accepted: a "
             "multiple of some batch-axes product"
         )
-    if not fitting:
+    if not candidates:
         needed = "" if smallest is None else f" the smallest needs {smallest / 1e9:.2f} GB"
         raise MeshConfigError(
             f"model {model.name!r} with global batch {train.global_batch} fits no mesh of "
@@ -180,129 +198,37 @@ def choose_mesh(
             f"hardware has {facts.hbm_bytes / 1e9:.2f} GB (of which the choice leaves "
             f"{headroom:.0%} free)"
         )
-    fitting.sort(key=lambda c: c[0])
-    best: list[tuple[tuple[Any, ...], Choice]] = []
-    for bound, r, ici, dcn, kept in fitting:
-        if len(best) >= top and bound >= best[top - 1][0]:
+    candidates.sort(key=lambda c: c.bound)
+    best: list[tuple[tuple[Any, ...], Choice]] = []  # (key on the planner's rings, choice)
+    for c in candidates:
+        if len(best) >= top and c.bound >= best[top - 1][0]:
             break  # perfect rings would not beat the top: neither will real ones
-        config = MeshConfig(HybridMeshShape(ici, dcn), names, batch)
+        config = MeshConfig(HybridMeshShape(c.ici, c.dcn), names, batch)
         plan = plan_config(config, devices, granule="auto", hardware=hardware)
         efficiency = {a: q.efficiency for a, q in plan.quality().items()}
-        factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
-        key, (chosen, found_estimate), _ = _best(model, r, factors, efficiency, facts, kept)
+        fastest = _fastest(model, c.roles, c.factors, efficiency, facts, c.recipes)
         ranking.planned += 1
-        best.append((key, Choice(config, plan, found_estimate, chosen)))
-        best.sort(key=lambda c: c[0])
-    ranking.extend(c for _, c in best[:top])
+        best.append((fastest.key, Choice(config, plan, fastest.estimate, fastest.train)))
+        best.sort(key=lambda b: b[0])
+    ranking.extend(choice for _, choice in best[:top])
     return ranking
 
 
-def recipe_space(
-    train: TrainSpec, rows: int, wanted: list[dict[str, Any]]
-) -> Iterator[tuple[Any, int, list[int]]]:
-    """The recipes to try for a mesh whose replicas each hold `rows` sequences: per remat and
-    chunk count (the search's order), the micro-batch counts in increasing order (the caller
-    keeps the fewest that fit)."""
-    for fixed in wanted:
-        remats = [fixed["remat"]] if "remat" in fixed else list(REMATS)
-        chunks = [fixed["logits_chunks"]] if "logits_chunks" in fixed else list(LOGITS_CHUNKS)
-        micro = [fixed["microbatches"]] if "microbatches" in fixed else _divisors(rows)
-        for remat in remats:
-            for c in chunks:
-                yield remat, c, [m for m in micro if train.global_batch % m == 0]
-
-
-def _fitting_recipes(
-    model: ModelSpec,
-    train: TrainSpec,
-    wanted: list[dict[str, Any]],
-    r: Roles,
-    facts: DeviceFacts,
-    held: bool,
-    headroom: float,
-) -> tuple[_Priced, int | None]:
-    """The recipes that fit this mesh (each with its memory terms), and the least device
-    memory of those that do not (for the error when none fits). Memory falls as micro-batches
-    grow, so the fewest that fit are found by bisection; logits chunks change only the logits
-    term, so each remat and micro-batch count is priced once for every chunk count."""
-    out: _Priced = []
-    least: list[int] = []
-    limit = facts.hbm_bytes * (1 - headroom)
-    host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
-    offloads = facts.host_memory_bytes is not None and facts.host_link_bandwidth is not None
-    priced: dict[tuple[Any, int], dict[str, int] | None] = {}  # (remat, M) -> terms at C = 1
-
-    def fits(t: TrainSpec, chunks: int) -> dict[str, int] | None:
-        key = (t.remat, t.microbatches)
-        if key not in priced:
-            over = host_bytes(model, t, r, facts) > host_limit
-            priced[key] = None if over else memory_terms(model, t, r, facts,
-                                                         batch_across_granules=held)  # fmt: skip
-        base = priced[key]
-        if base is None:
-            return None
-        terms = base | {"logits": -(-base["logits"] // chunks)}
-        peak = sum(terms[k] for k in phases(terms)[1])
-        if peak > limit:
-            least.append(peak)
-            return None
-        return terms
-
-    seen: set[tuple[Any, int, int]] = set()
-    made: dict[tuple[str, int], TrainSpec] = {}  # (remat, M) -> its TrainSpec at C = 1
-    chunks_ok: dict[int, bool] = {}
-
-    def spec(remat: Any, m: int) -> TrainSpec:
-        key = (str(remat), m)
-        if key not in made:
-            made[key] = replace(train, remat=remat, microbatches=m, logits_chunks=1)
-        return made[key]
-
-    for remat, c, micro in recipe_space(train, train.global_batch // r.size("batch"), wanted):
-        if not micro:
-            continue
-        first = spec(remat, micro[0])
-        if "offload" in first.placements.values() and not offloads:
-            continue  # the catalogue cannot judge an offload on this hardware
-        if c not in chunks_ok:
-            try:
-                check_fit(model, replace(first, logits_chunks=c), r)
-                chunks_ok[c] = True
-            except MeshConfigError:  # the chunks do not divide a device's tokens
-                chunks_ok[c] = False
-        if not chunks_ok[c]:
-            continue
-        lo, hi, found = 0, len(micro) - 1, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            t = spec(remat, micro[mid])
-            terms = fits(t, c)
-            if terms is None:
-                lo = mid + 1
-            else:
-                found, hi = (t, terms), mid - 1
-        if found is None or (first.remat, c, found[0].microbatches) in seen:
-            continue
-        seen.add((first.remat, c, found[0].microbatches))
-        out.append((replace(found[0], logits_chunks=c), found[1]))
-    return out, min(least, default=None)
-
-
-def _best(
+def _fastest(
     model: ModelSpec,
     r: Roles,
     factors: dict[str, tuple[int, int]],
     efficiency: dict[str, float],
     facts: DeviceFacts,
-    recipes: _Priced,
-) -> tuple[tuple[Any, ...], tuple[TrainSpec, Estimate], _Priced]:
-    """The fastest of the recipes on this mesh: its key, (recipe, estimate), and the recipes."""
+    recipes: list[Recipe],
+) -> _Scored:
+    """The fastest of the recipes on this mesh (`efficiency` empty: perfect rings)."""
+    sizes = tuple(s for _, s in r.sizes)
     scored = []
-    for k, (t, terms) in enumerate(recipes):
-        e = estimate_parts(model, t, r, factors, efficiency, facts, terms=terms)
-        scored.append(((*_key(e), k, tuple(s for _, s in r.sizes)), (t, e)))
-    key, chosen = min(scored, key=lambda c: c[0])
-    return key, chosen, recipes
+    for k, recipe in enumerate(recipes):
+        e = estimate_parts(model, recipe.train, r, factors, efficiency, facts, terms=recipe.terms)
+        scored.append(_Scored((*_key(e), k, sizes), recipe.train, e))
+    return min(scored, key=lambda s: s.key)
 
 
 def auto_preset(
@@ -340,32 +266,6 @@ def _key(e: Estimate) -> tuple[float, float, int]:
     return (e.step_seconds, sum(a.seconds for a in e.axes.values()), e.memory_bytes)
 
 
-def _check_recipes(
-    recipes: Iterable[Mapping[str, Any]] | None, train: TrainSpec
-) -> list[dict[str, Any]]:
-    """`recipes` as a list of dicts of recipe fields, each checked by building its TrainSpec."""
-    if recipes is None:
-        return [{}]
-    accepted = (
-        f"accepted: an iterable of mappings from {', '.join(RECIPE_FIELDS)} to values, e.g. "
-        "[{'remat': 'offload', 'microbatches': 2}]"
-    )
-    if isinstance(recipes, str | bytes | Mapping) or not isinstance(recipes, Iterable):
-        raise MeshConfigError(f"recipes={recipes!r}; {accepted}")
-    out = []
-    for item in recipes:
-        if not isinstance(item, Mapping):
-            raise MeshConfigError(f"recipes: {item!r} is no mapping; {accepted}")
-        unknown = sorted(set(item) - set(RECIPE_FIELDS))
-        if unknown:
-            raise MeshConfigError(f"recipes: unknown field {unknown[0]!r}; {accepted}")
-        replace(train, **item)  # each value checked as TrainSpec checks it
-        out.append(dict(item))
-    if not out:
-        raise MeshConfigError(f"recipes=[] holds no recipe; {accepted}")
-    return out
-
-
 def _check_axes(axes: Sequence[str], top: int) -> tuple[str, ...]:
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise MeshConfigError(f"top={top!r}; accepted: an int >= 1")
@@ -394,14 +294,14 @@ def _factorisations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
     if parts == 1:
         yield (n,)
         return
-    for first in _divisors(n):
+    for first in divisors(n):
         for rest in _factorisations(n // first, parts - 1):
             yield (first, *rest)
 
 
 def _dcn_splits(sizes: tuple[int, ...], granules: int) -> Iterator[tuple[int, ...]]:
     """Every (dcn_0, ...) with dcn_i dividing size_i and product `granules`."""
-    choices = [[d for d in _divisors(s) if granules % d == 0] for s in sizes]
+    choices = [[d for d in divisors(s) if granules % d == 0] for s in sizes]
     for dcn in product(*choices):
         if math.prod(dcn) == granules:
             yield dcn
@@ -409,12 +309,6 @@ def _dcn_splits(sizes: tuple[int, ...], granules: int) -> Iterator[tuple[int, ..
 
 def _splits(sizes: tuple[int, ...], granules: int) -> int:
     return sum(1 for _ in _dcn_splits(sizes, granules))
-
-
-@cache
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
 
 
 def _count(counts: dict[str, int], reason: str, k: int) -> None:

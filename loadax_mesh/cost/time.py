@@ -79,61 +79,71 @@ def step_time(
 ) -> StepTime:
     """The step's time on one device. `hidden`, `exposed` and `across_granules` are the
     collectives' seconds (cost/traffic.py), `offload_bytes` what goes to host memory and back
-    each way in a step."""
-    rate = facts.peak_flops * efficiency
+    each way in a step.
+
+    Every size below is one device's: a micro-batch's tokens, and the widths the tensor axis
+    cuts (heads, kv heads, d_ff, the vocabulary and the residual stream's d_model)."""
+    rate = facts.peak_flops * efficiency  # FLOP/s a matmul or attention kernel reaches
     hbm = facts.need("hbm_bandwidth")
-    cd = dtype_bytes(train.compute_dtype)
-    m, M = roles.size("model"), train.microbatches
-    rows = train.global_batch // roles.size("batch")
-    seq = model.seq_len // roles.size("seq")
-    t = rows // M * seq  # tokens of one micro-batch on one device
-    d, hd, L = model.d_model, model.head_dim, model.num_layers
-    h, kv, f, v = (
-        model.num_heads // m,
-        model.num_kv_heads // m,
-        model.d_ff // m,
-        model.vocab_size // m,
-    )
+    act = dtype_bytes(train.compute_dtype)  # bytes of one activation element
+    tensor, micro = roles.size("model"), train.microbatches
+    rows = train.global_batch // roles.size("batch")  # sequences a device trains per step
+    tokens = rows // micro * (model.seq_len // roles.size("seq"))  # of one micro-batch
+    d_model, head_dim, layers = model.d_model, model.head_dim, model.num_layers
+    heads, kv_heads = model.num_heads // tensor, model.num_kv_heads // tensor
+    d_ff, vocab = model.d_ff // tensor, model.vocab_size // tensor
+    stream = d_model // tensor  # the residual stream's hidden dim is cut over the tensor axis
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim  # of q (and the output), k, v
 
     def matmul(k: int, n: int) -> float:
-        return max(2.0 * t * k * n / rate, (t * k + k * n + t * n) * cd / hbm)
+        """[tokens, k] x [k, n]: its FLOPs at `rate`, or where longer its operands' and
+        result's bytes at HBM bandwidth (a matmul too thin for the matrix units)."""
+        return max(2.0 * tokens * k * n / rate, (tokens * k + k * n + tokens * n) * act / hbm)
 
-    ops = {
-        "query": matmul(d, h * hd),
-        "key": matmul(d, kv * hd),
-        "value": matmul(d, kv * hd),
-        "out_proj": matmul(h * hd, d),
-        "mlp_in": 2 * matmul(d, f),
-        "mlp_out": matmul(f, d),
+    # A layer's projections, forward; SwiGLU's input is two matmuls (gate and up).
+    projections = {
+        "query": matmul(d_model, q_width),
+        "key": matmul(d_model, kv_width),
+        "value": matmul(d_model, kv_width),
+        "out_proj": matmul(q_width, d_model),
+        "mlp_in": 2 * matmul(d_model, d_ff),
+        "mlp_out": matmul(d_ff, d_model),
     }
     fwd_pair, bwd_pair = _ATTENTION.get(facts.traits.fused_attention, _ATTENTION["cudnn"])
-    pairs = rows // M * _causal_pairs(model.seq_len) / roles.size("seq")
-    kernel_bytes = t * (2 * h + 2 * kv) * hd * cd
+    # causal query-key pairs of a micro-batch's rows on this device's share of the sequence
+    pairs = rows // micro * _causal_pairs(model.seq_len) / roles.size("seq")
+    kernel_bytes = tokens * (2 * q_width + 2 * kv_width) * act  # q, k, v read, output written
 
-    def attention(per_pair: int) -> float:
-        return max(pairs * h * hd * per_pair / rate, kernel_bytes / hbm)
+    def attention(flops_per_pair: int) -> float:
+        """One pass of the flash kernel: its FLOPs over the pairs, or its operands' bytes."""
+        return max(pairs * heads * head_dim * flops_per_pair / rate, kernel_bytes / hbm)
 
     placed = train.placements
-    recomputed = [op for op in ops if placed[op] == "recompute"]
+    recomputed = [op for op in projections if placed[op] == "recompute"]
     attention_again = placed["attention_out"] == "recompute"
-    layer_fwd = sum(ops.values())
-    matmuls = L * (3 * layer_fwd + sum(ops[op] for op in recomputed))
-    head = matmul(d, v)
+    layer_fwd = sum(projections.values())
+    # Each matmul runs three times (forward; backward for the input's gradient and the
+    # weight's), and once more where the backward pass recomputes its output.
+    matmuls = layers * (3 * layer_fwd + sum(projections[op] for op in recomputed))
+    head = matmul(d_model, vocab)
     chunked = train.logits_chunks > 1  # each chunk's logits recomputed in the backward pass
     matmuls += head * (3 + chunked)
-    kernels = L * (attention(fwd_pair) * (1 + attention_again) + attention(bwd_pair))
-    stream = d // m  # the residual stream's hidden dim is cut over the tensor axis
-    elementwise_fwd = (10 * stream + 2 * (h + kv) * hd + 3 * f) * cd
-    elementwise_bwd = (12 * stream + 2 * (h + kv) * hd + 5 * f) * cd
-    again = elementwise_fwd if recomputed or attention_again else 0
-    loss = (5 + 2 * chunked) * v * cd  # logits written, read twice; gradient read and written
-    per_token = L * (elementwise_fwd + elementwise_bwd + again) + loss
-    shard = model.num_params / (roles.size("fsdp") * m)
-    pd, od = dtype_bytes(train.param_dtype), dtype_bytes(train.opt_state_dtype)
-    update = shard * (2 * pd + 4 * od + pd + (M > 1) * 2 * 4)  # read p, g, m, v; write p, m, v
-    memory = (M * t * per_token + update) / hbm
-    compute = M * (matmuls + kernels) + memory
-    forward = M * (L * (layer_fwd + attention(fwd_pair)) + head + t * L * elementwise_fwd / hbm)
+    kernels = layers * (attention(fwd_pair) * (1 + attention_again) + attention(bwd_pair))
+
+    # Memory-bound operations at HBM bandwidth: a layer's bytes per token, each pass, and the
+    # loss's; the optimizer's update per parameter.
+    fwd_elements, bwd_elements = _layer_elementwise(stream, q_width, kv_width, d_ff)
+    elementwise_fwd, elementwise_bwd = fwd_elements * act, bwd_elements * act
+    again = elementwise_fwd if recomputed or attention_again else 0  # the forward recomputed
+    loss = _logits_accesses(chunked) * vocab * act
+    per_token = layers * (elementwise_fwd + elementwise_bwd + again) + loss
+    shard = model.num_params / (roles.size("fsdp") * tensor)  # parameters this device updates
+    update = shard * _update_bytes(train)
+    memory = (micro * tokens * per_token + update) / hbm
+    compute = micro * (matmuls + kernels) + memory
+    forward = micro * (
+        layers * (layer_fwd + attention(fwd_pair)) + head + tokens * layers * elementwise_fwd / hbm
+    )
     offload = 0.0
     if offload_bytes:
         each_way = offload_bytes / facts.need("host_link_bandwidth")
@@ -142,8 +152,8 @@ def step_time(
         else:
             offload = 2 * each_way
     return StepTime(
-        matmul=M * matmuls,
-        attention=M * kernels,
+        matmul=micro * matmuls,
+        attention=micro * kernels,
         memory_bound=memory,
         forward=forward,
         hidden=hidden,
@@ -166,6 +176,36 @@ def calibration(name: str, platform: Platform) -> float:
             f"configs/calibration.toml has no {name} for {platform}; accepted: {sorted(table)}"
         )
     return float(entry["value"])
+
+
+def _layer_elementwise(stream: int, q_width: int, kv_width: int, d_ff: int) -> tuple[int, int]:
+    """Activation elements a layer's memory-bound operations read and write per token, forward
+    and backward. Forward: two RMSNorms (each reads the stream and writes it), two residual
+    adds (each reads two streams, writes one), rotary (q and k read and written), the SwiGLU
+    gate (gate and up read, their product written). Backward: each norm reads its input and
+    its output's gradient and writes its input's, each add reads the two gradients it sums and
+    writes the sum, rotary reads and writes the gradients of q and k, the gate reads gate, up
+    and the product's gradient and writes the gradients of gate and up."""
+    rotary = 2 * (q_width + kv_width)
+    norms_fwd, adds_fwd, gate_fwd = 2 * (stream + stream), 2 * (2 * stream + stream), 3 * d_ff
+    norms_bwd, adds_bwd, gate_bwd = 2 * 3 * stream, 2 * 3 * stream, 5 * d_ff
+    return norms_fwd + adds_fwd + rotary + gate_fwd, norms_bwd + adds_bwd + rotary + gate_bwd
+
+
+def _logits_accesses(chunked: bool) -> int:
+    """How often the loss reads or writes the logits: written, read twice, their gradient read
+    and written; chunked, each chunk's logits are recomputed in the backward pass (written and
+    read once more)."""
+    return 1 + 2 + 2 + 2 * chunked
+
+
+def _update_bytes(train: TrainSpec) -> int:
+    """Bytes Adam's update moves per parameter: the parameter and its gradient read, both
+    moments read and written, the parameter written; with micro-batches also the float32
+    gradient accumulator read and written."""
+    param, moment = dtype_bytes(train.param_dtype), dtype_bytes(train.opt_state_dtype)
+    accumulator = 2 * dtype_bytes("float32") if train.microbatches > 1 else 0
+    return 2 * param + 4 * moment + param + accumulator
 
 
 def _causal_pairs(seq: int) -> float:

@@ -17,6 +17,7 @@ import numpy as np
 
 from .catalogue import HardwareType, catalogue, tpu_type_of_kind
 from .devices import DeviceTable, SimulatedDevices, dense_rank, read_devices
+from .words import count_text
 
 
 def detect_hardware(devices: Sequence[Any] | None = None) -> str:
@@ -121,14 +122,10 @@ def _gpu_name(table: DeviceTable) -> tuple[str | None, str]:
         f"hosts of {h} GPUs{f' in NVLink domains of {d}' if d > h else ''} ({', '.join(keys)})"
         for (h, d), keys in groups.items()
     )
-    domains = "" if per_slice is None else f", {_count(len(per_slice), 'slice_index value')}"
-    procs = _count(len(per_process), "process", "es")
-    return None, f"{_count(n, 'GPU')} ({procs}{domains}): not whole {shapes}"
+    domains = "" if per_slice is None else f", {count_text(len(per_slice), 'slice_index value')}"
+    procs = count_text(len(per_process), "process", "es")
+    return None, f"{count_text(n, 'GPU')} ({procs}{domains}): not whole {shapes}"
 
 
 def _sizes(counts: np.ndarray) -> list[int]:
     return sorted(set(counts.tolist()))
-
-
-def _count(n: int, noun: str, plural: str = "s") -> str:
-    return f"{n} {noun}{plural * (n != 1)}"

@@ -37,6 +37,8 @@ class PlatformTraits:
     # GPUs sit in NVLink domains of one or more hosts; jax names a device's domain in its
     # slice_index.
     nvlink_domains: bool
+    # A device has memory of its own (HBM); CPU devices share their host's.
+    device_memory: bool
     # TPU memory holds arrays in whole tiles (the catalogue's memory_tile).
     tiled_memory: bool
     # libtpu refuses a program that exceeds its HBM and its own check counts what fits; XLA's
@@ -69,6 +71,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         catalogue_facts=("hbm", "peak_bf16", "ici_bandwidth", "dcn_bandwidth"),
         multislice=True,
         nvlink_domains=False,
+        device_memory=True,
         tiled_memory=True,
         compiler_judges_fit=True,
         preallocated_pool=False,
@@ -84,6 +87,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         catalogue_facts=("hbm", "peak_bf16", "nvlink_bandwidth", "network_per_gpu"),
         multislice=False,
         nvlink_domains=True,
+        device_memory=True,
         tiled_memory=False,
         compiler_judges_fit=False,
         preallocated_pool=True,
@@ -99,6 +103,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         catalogue_facts=(),
         multislice=False,
         nvlink_domains=False,
+        device_memory=False,
         tiled_memory=False,
         compiler_judges_fit=False,
         preallocated_pool=False,

@@ -9,14 +9,16 @@ or by slice when there are several slices.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..hardware.devices import DeviceTable
 from ..quality import AxisQuality
+from ..shapes import HybridMeshShape
 from ..solver.hybrid import Layout
 
 
@@ -120,9 +122,18 @@ def _caption(shape: tuple[int, ...], names: tuple[str, ...], per_line: int) -> s
     return " x ".join(reversed(parts)) or "one device"
 
 
-def shape_text(shape: dict[str, int], *, drop_ones: bool = False) -> str:
-    """A mesh shape as `data=2 x model=4` (`drop_ones`: without the axes of size 1)."""
-    return " x ".join(f"{a}={n}" for a, n in shape.items() if n > 1 or not drop_ones)
+def shape_text(shape: Any, *, drop_ones: bool = False, compact: bool = False) -> str:
+    """A mesh shape as text, the one way every report writes one: axis sizes by name (a
+    mapping) as `data=2 x model=4` (`drop_ones`: without the axes of size 1); a HybridMeshShape
+    as `ici (16, 4) x dcn (4, 1)`; bare sizes as `(16, 16)`, or `(16,16)` with `compact` (the
+    ranking's columns)."""
+    if isinstance(shape, Mapping):
+        return " x ".join(f"{a}={n}" for a, n in shape.items() if n > 1 or not drop_ones)
+    if isinstance(shape, HybridMeshShape):
+        return f"ici {shape_text(shape.ici_mesh_shape)} x dcn {shape_text(shape.dcn_mesh_shape)}"
+    if compact:
+        return "(" + ",".join(map(str, shape)) + ")"
+    return str(tuple(shape))
 
 
 def _cell_data(plan: PlanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:

@@ -18,7 +18,9 @@ import numpy as np
 from ..errors import MeshConfigError
 from ..hardware.catalogue import wraparound
 from ..hardware.detect import match_catalogue
+from ..hardware.profile import platform_traits
 from ..hardware.strings import catalogue_spec
+from ..hardware.words import count_text
 from ..jobs.batch import shard_blocks
 from .picture import PlanView, render_grid, render_svg, shape_text
 
@@ -35,7 +37,8 @@ def hardware_summary(plan: PlanView) -> dict[str, Any]:
     table = plan.table
     n = len(table)
     spec = catalogue_spec(plan.hardware)
-    facts, miss = platform_facts(table.platform), None
+    traits = platform_traits(table.platform)
+    facts, miss = traits.catalogue_facts, None
     if spec is None:  # a selector of the user's, a generic one, or none: ask the devices
         name, miss = match_catalogue(table)
         spec = catalogue_spec(name)
@@ -61,15 +64,15 @@ def hardware_summary(plan: PlanView) -> dict[str, Any]:
             + " chips"
             + (f" per slice, {slices} slices" if slices > 1 else "")
         )
-    elif table.platform == "gpu":
-        topology = f"{_count(n // hosts, 'GPU')} per host"
+    elif traits.nvlink_domains:
+        topology = f"{count_text(n // hosts, 'GPU')} per host"
         if table.slice_index is not None:
             topology = (
-                f"{_count(slices, 'NVLink domain')} of {_count(n // slices, 'GPU')} "
-                f"({_count(hosts // slices, 'host')}{' each' * (slices > 1)}), {topology}"
+                f"{count_text(slices, 'NVLink domain')} of {count_text(n // slices, 'GPU')} "
+                f"({count_text(hosts // slices, 'host')}{' each' * (slices > 1)}), {topology}"
             )
     else:
-        topology = f"{hosts} process{'es' * (hosts > 1)} x {_count(n // hosts, 'device')}"
+        topology = f"{count_text(hosts, 'process', 'es')} x {count_text(n // hosts, 'device')}"
     return {
         "selector": plan.hardware,
         "platform": table.platform,
@@ -88,13 +91,6 @@ def hardware_summary(plan: PlanView) -> dict[str, Any]:
         "catalogue_miss": miss or None,
         "unknown_facts": list(facts) if miss else [],
     }
-
-
-def platform_facts(platform: str) -> tuple[str, ...]:
-    """The facts the catalogue gives per chip, GPU or device of `platform`."""
-    if platform == "tpu":
-        return ("hbm", "peak_bf16", "ici_bandwidth", "dcn_bandwidth")
-    return ("hbm", "peak_bf16", "nvlink_bandwidth", "network_per_gpu") if platform == "gpu" else ()
 
 
 def catalogue_lines(miss: str | None, unknown: Sequence[str]) -> list[str]:
@@ -219,29 +215,26 @@ def _hardware_text(hw: dict[str, Any], plan: PlanView) -> list[str]:
     n, hosts, slices = hw["devices"], hw["hosts"], hw["slices"]
     name = f"hardware   {hw['selector'] or 'unknown'}: {hw['device_kind']}, "
     topology = f"topology   {hw['topology']}"
-    if hw["platform"] == "tpu":
+    traits = platform_traits(hw["platform"])
+    if traits.multislice:
         each = hw["devices_per_chip"]
         name += (
-            f"{hw['chips']} chips ({each} device{'s' * (each > 1)} each), {hosts} hosts, "
-            f"{slices} slice{'s' * (slices > 1)}"
+            f"{hw['chips']} chips ({count_text(each, 'device')} each), {hosts} hosts, "
+            f"{count_text(slices, 'slice')}"
         )
         wrapped = ",".join("xyz"[i] for i, w in enumerate(hw["wraparound"] or ()) if w)
         topology += f", wraparound {wrapped or 'none'}"
-    elif hw["platform"] == "gpu":
-        name += f"{_count(n, 'GPU')}, {_count(hosts, 'host')}"
+    elif traits.nvlink_domains:
+        name += f"{count_text(n, 'GPU')}, {count_text(hosts, 'host')}"
     else:
-        name += f"{_count(n, 'device')}, {hosts} process{'es' * (hosts > 1)}"
+        name += f"{count_text(n, 'device')}, {count_text(hosts, 'process', 'es')}"
     lines = [name, f"{topology}; granule = {plan.granule_kind} ({plan.num_granules})"]
     facts = hw["facts"]
     if facts:
-        unit = {"tpu": "chip", "gpu": "GPU"}.get(hw["platform"], "device")
+        unit = traits.unit
         shown = [f"{_fact_names([k])} {v}" for k, v in facts.items()]
         lines.append(f"catalogue  per {unit}: {', '.join(shown)}")
     return lines + catalogue_lines(hw["catalogue_miss"], hw["unknown_facts"])
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _rows_text(rows: list[HostRows], global_batch: int, degree: int) -> list[str]:
@@ -250,10 +243,10 @@ def _rows_text(rows: list[HostRows], global_batch: int, degree: int) -> list[str
         by_set.setdefault(row.ranges, []).append(row.host)
     sizes = sorted({r.num_rows for r in rows})
     out = [
-        f"           global batch {global_batch}: {_count(global_batch // degree, 'row')} "
+        f"           global batch {global_batch}: {count_text(global_batch // degree, 'row')} "
         "per shard; "
-        f"{_count(len(rows), 'host')} loading {'/'.join(map(str, sizes))} rows each, "
-        f"{_count(len(by_set), 'distinct row set')}"
+        f"{count_text(len(rows), 'host')} loading {'/'.join(map(str, sizes))} rows each, "
+        f"{count_text(len(by_set), 'distinct row set')}"
     ]
     if any(len(r.ranges) > 1 for r in rows):
         out += [
@@ -275,6 +268,11 @@ def _rows_text(rows: list[HostRows], global_batch: int, degree: int) -> list[str
 # -- the catalogue, listed --------------------------------------------------------------------
 
 
+def size_text(n: float) -> str:
+    """Bytes for a reader: GB, or MB below 10 MB (where GB would read 0.00)."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
+
+
 def text_table(rows: list[list[Any]]) -> str:
     """Left-aligned columns, two spaces apart."""
     cells = [[str(c) for c in row] for row in rows]
@@ -282,15 +280,6 @@ def text_table(rows: list[list[Any]]) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
     )
-
-
-def show_shape(shape: Any) -> str:
-    """A mesh shape as `(16, 16)`, or `ici (16, 4) x dcn (4, 1)` for a hybrid one."""
-    from ..shapes import HybridMeshShape
-
-    if isinstance(shape, HybridMeshShape):
-        return f"ici {tuple(shape.ici_mesh_shape)} x dcn {tuple(shape.dcn_mesh_shape)}"
-    return str(tuple(shape))
 
 
 _TPU_COLUMNS = "TPU|title|device_kind|dev/chip|chips/host|slice sizes|HBM/chip|ICI/chip|DCN/chip"
@@ -308,7 +297,8 @@ def hardware_text(types: Sequence[Any]) -> str:
     cpu = []
     for t in types:
         per_chip, counts = t.devices_per_chip, t.counts
-        if t.platform == "tpu":
+        traits = platform_traits(t.platform)
+        if traits.multislice:
             sizes = f"{counts[0]}-{counts[-1]} ({len(counts)})" if len(counts) > 1 else counts[0]
             tpu.append(
                 [
@@ -321,7 +311,7 @@ def hardware_text(types: Sequence[Any]) -> str:
                     *facts(t, "hbm", "ici_bandwidth", "dcn_bandwidth"),
                 ]
             )
-        elif t.platform == "gpu":
+        elif traits.nvlink_domains:
             gpu.append(
                 [
                     t.pattern,
@@ -360,7 +350,7 @@ def presets_text(presets: Sequence[Any]) -> str:
                 p.name,
                 ", ".join(c.mesh_axis_names),
                 batch,
-                show_shape(c.mesh_shape),
+                shape_text(c.mesh_shape),
                 ", ".join(p.keywords()),
             ]
         )
@@ -368,7 +358,7 @@ def presets_text(presets: Sequence[Any]) -> str:
     for p in presets:
         out.append(f"\n{p.name}: {p.description}")
         rules = [
-            ["  " + regex, "all devices on the first axis" if v is None else show_shape(v)]
+            ["  " + regex, "all devices on the first axis" if v is None else shape_text(v)]
             for regex, v in p.config.mesh_rules or ()
         ]
         if rules:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
-from loadax_mesh.cli.args import size_text
 from loadax_mesh.cli.main import main
 from loadax_mesh.cost import estimate
+from loadax_mesh.view.report import size_text
 from loadax_mesh.workload import ModelSpec, TrainSpec, list_models
 
 

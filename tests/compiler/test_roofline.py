@@ -58,7 +58,7 @@ def test_every_trip_of_a_loop_counts() -> None:
 
 def test_a_compile_report_carries_the_steps_roofline() -> None:
     from loadax_mesh import MeshConfig, ModelSpec, TrainSpec, compile_step
-    from loadax_mesh.cli.compile import render_report
+    from loadax_mesh.view.compile import render_report
 
     hardware = "tpu-v5litepod-8"
     plan = MeshConfig.from_preset("fsdp").plan(topology_devices(hardware), selector=hardware)

@@ -152,12 +152,13 @@ def test_host_rows_agree_with_batch_host_batch_slice(hardware, strategy):
             )
 
 
-def test_show_shape_and_text_table():
+def test_shape_text_and_text_table():
     from loadax_mesh import HybridMeshShape
-    from loadax_mesh.view.report import show_shape, text_table
+    from loadax_mesh.view.picture import shape_text
+    from loadax_mesh.view.report import text_table
 
-    assert show_shape([16, 16]) == "(16, 16)"
-    assert show_shape(HybridMeshShape((16, 4), (4, 1))) == "ici (16, 4) x dcn (4, 1)"
+    assert shape_text([16, 16]) == "(16, 16)"
+    assert shape_text(HybridMeshShape((16, 4), (4, 1))) == "ici (16, 4) x dcn (4, 1)"
     table = text_table([["axis", "size"], ["data", 16], ["tensor-parallel", 4]])
     assert table.splitlines() == [
         "axis             size",
@@ -167,8 +168,8 @@ def test_show_shape_and_text_table():
 
 
 def test_a_refused_compile_gives_the_step_as_written_and_squeezed():
-    from loadax_mesh.cli.compile import render_report
     from loadax_mesh.compiler.report import CompileReport
+    from loadax_mesh.view.compile import render_report
 
     refused = CompileReport(
         hardware="tpu-v5litepod-256", mesh={"fsdp": 256}, model="llama3-70b", global_batch=256,

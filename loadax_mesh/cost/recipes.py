@@ -1,0 +1,176 @@
+"""The recipe search of `choose_mesh`: per mesh, every remat placement, micro-batch count and
+logits-chunk count that fits.
+
+Per mesh, for each remat placement and logits-chunk count (`recipe_space`), only the fewest
+micro-batches that fit are timed (more only add weight gathers, never speed). Memory is checked
+before time, so a recipe that does not fit is never timed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import Any
+
+from ..errors import MeshConfigError
+from ..hardware.profile import DeviceFacts
+from ..workload.layout import Roles, check_fit
+from ..workload.spec import ModelSpec, TrainSpec
+from .memory import host_bytes, memory_terms, phases
+
+# The recipe fields a search varies, and the default search. MaxText's custom offload as the
+# tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
+# host memory (docs/facts/production_runs.md).
+RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks")
+MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
+REMATS: tuple[str | dict[str, str], ...] = (
+    "none", "dots_attention", "dots", "full", "offload", MAXTEXT_OFFLOAD,
+)  # fmt: skip
+LOGITS_CHUNKS = (1, 4, 16)
+Remat = str | tuple[tuple[str, str], ...]  # a remat as TrainSpec takes it, hashable
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A recipe that fits a mesh, with its memory terms (they do not depend on device order)."""
+
+    train: TrainSpec
+    terms: dict[str, int]
+
+
+def recipe_space(
+    train: TrainSpec, rows: int, wanted: list[dict[str, Any]]
+) -> Iterator[tuple[Remat, int, list[int]]]:
+    """The recipes to try for a mesh whose replicas each hold `rows` sequences: per remat and
+    chunk count (the search's order), the micro-batch counts in increasing order (the caller
+    keeps the fewest that fit). Each remat as a hashable value: a policy name, or its
+    (tensor, placement) pairs."""
+    for fixed in wanted:
+        remats = [fixed["remat"]] if "remat" in fixed else list(REMATS)
+        chunks = [fixed["logits_chunks"]] if "logits_chunks" in fixed else list(LOGITS_CHUNKS)
+        micro = [fixed["microbatches"]] if "microbatches" in fixed else divisors(rows)
+        for remat in remats:
+            for c in chunks:
+                yield _hashable(remat), c, [m for m in micro if train.global_batch % m == 0]
+
+
+def _hashable(remat: Any) -> Remat:
+    """A remat as `TrainSpec` takes it (a name, a mapping or pairs), made hashable: a name as it
+    is, else its (tensor, placement) pairs as tuples."""
+    if isinstance(remat, str):
+        return remat
+    return tuple((t, p) for t, p in (remat.items() if isinstance(remat, Mapping) else remat))
+
+
+def fitting_recipes(
+    model: ModelSpec,
+    train: TrainSpec,
+    wanted: list[dict[str, Any]],
+    r: Roles,
+    facts: DeviceFacts,
+    batch_across_granules: bool,
+    headroom: float,
+) -> tuple[list[Recipe], int | None]:
+    """The recipes that fit this mesh (each with its memory terms), and the least device
+    memory of those that do not (for the error when none fits). Memory falls as micro-batches
+    grow, so the fewest that fit are found by bisection; logits chunks change only the logits
+    term, so each remat and micro-batch count is priced once for every chunk count.
+    `batch_across_granules`: memory.memory_terms's (estimate.holds_tables)."""
+    out: list[Recipe] = []
+    least: list[int] = []  # the peak memory of each recipe that does not fit
+    limit = facts.hbm_bytes * (1 - headroom)
+    host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
+    offloads = facts.host_memory_bytes is not None and facts.host_link_bandwidth is not None
+    priced: dict[tuple[Remat, int], dict[str, int] | None] = {}  # (remat, M) -> terms at C = 1
+
+    def fits(t: TrainSpec, chunks: int) -> dict[str, int] | None:
+        key = (t.remat, t.microbatches)
+        if key not in priced:
+            over = host_bytes(model, t, r, facts) > host_limit
+            priced[key] = (
+                None
+                if over
+                else memory_terms(model, t, r, facts, batch_across_granules=batch_across_granules)
+            )
+        base = priced[key]
+        if base is None:
+            return None
+        terms = base | {"logits": -(-base["logits"] // chunks)}
+        peak = sum(terms[k] for k in phases(terms)[1])
+        if peak > limit:
+            least.append(peak)
+            return None
+        return terms
+
+    seen: set[tuple[Remat, int, int]] = set()  # (remat, C, M) found, however the remat is spelt
+    made: dict[tuple[Remat, int], TrainSpec] = {}  # (remat, M) -> its TrainSpec at C = 1
+    chunks_ok: dict[int, bool] = {}  # whether C chunks divide a device's tokens
+
+    def spec(remat: Remat, m: int) -> TrainSpec:
+        key = (remat, m)
+        if key not in made:
+            made[key] = replace(train, remat=remat, microbatches=m, logits_chunks=1)
+        return made[key]
+
+    for remat, c, micro in recipe_space(train, train.global_batch // r.size("batch"), wanted):
+        if not micro:
+            continue
+        first = spec(remat, micro[0])
+        if "offload" in first.placements.values() and not offloads:
+            continue  # the catalogue cannot judge an offload on this hardware
+        if c not in chunks_ok:
+            try:
+                check_fit(model, replace(first, logits_chunks=c), r)
+                chunks_ok[c] = True
+            except MeshConfigError:  # the chunks do not divide a device's tokens
+                chunks_ok[c] = False
+        if not chunks_ok[c]:
+            continue
+        lo, hi, found = 0, len(micro) - 1, None  # bisect for the fewest micro-batches
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            t = spec(remat, micro[mid])
+            terms = fits(t, c)
+            if terms is None:
+                lo = mid + 1
+            else:
+                found, hi = Recipe(t, terms), mid - 1
+        if found is None or (first.remat, c, found.train.microbatches) in seen:
+            continue
+        seen.add((first.remat, c, found.train.microbatches))
+        out.append(Recipe(replace(found.train, logits_chunks=c), found.terms))
+    return out, min(least, default=None)
+
+
+def check_recipes(
+    recipes: Iterable[Mapping[str, Any]] | None, train: TrainSpec
+) -> list[dict[str, Any]]:
+    """`recipes` as a list of dicts of recipe fields, each checked by building its TrainSpec."""
+    if recipes is None:
+        return [{}]
+    accepted = (
+        f"accepted: an iterable of mappings from {', '.join(RECIPE_FIELDS)} to values, e.g. "
+        "[{'remat': 'offload', 'microbatches': 2}]"
+    )
+    if isinstance(recipes, str | bytes | Mapping) or not isinstance(recipes, Iterable):
+        raise MeshConfigError(f"recipes={recipes!r}; {accepted}")
+    out = []
+    for item in recipes:
+        if not isinstance(item, Mapping):
+            raise MeshConfigError(f"recipes: {item!r} is no mapping; {accepted}")
+        unknown = sorted(set(item) - set(RECIPE_FIELDS))
+        if unknown:
+            raise MeshConfigError(f"recipes: unknown field {unknown[0]!r}; {accepted}")
+        replace(train, **item)  # each value checked as TrainSpec checks it
+        out.append(dict(item))
+    if not out:
+        raise MeshConfigError(f"recipes=[] holds no recipe; {accepted}")
+    return out
+
+
+@cache
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})

@@ -1,0 +1,122 @@
+"""A compile report as text (`loadax-mesh compile`): memory against HBM, FLOPs, the roofline,
+and the collectives per kind and mesh axes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .picture import shape_text
+from .report import size_text, text_table
+
+if TYPE_CHECKING:
+    from ..compiler.report import CompileReport
+
+
+def render_report(report: CompileReport, notes: list[str]) -> str:
+    """The compile report as text: memory against HBM, FLOPs, collectives per kind and axes."""
+    mesh = shape_text(report.mesh)
+    lines = [
+        f"compiled   {report.model}, global batch {report.global_batch}, remat {report.remat}, "
+        f"attention {report.attention}",
+        f"hardware   {report.hardware}; mesh {mesh}",
+        *(f"note       {n}" for n in notes),
+        f"time       {report.compile_seconds:.1f} s",
+        "",
+    ]
+    if report.message:
+        lines.append(f"refused    {report.message}")
+        if report.squeezed_bytes is not None:
+            lines.append(
+                f"           (the figure below is the step as written; the compiler's own extra "
+                f"remat got it to {size_text(report.squeezed_bytes)}, the message's GiB in GB)"
+            )
+    lines.append(f"memory     {size_text(report.total_bytes)} per device{_judged(report)}")
+    if report.hbm_bytes is not None and report.profile and report.profile.traits.preallocated_pool:
+        lines.append("           " + _gpu_pool(report.hbm_bytes))
+    if report.assigned_bytes is not None:
+        lines.append(
+            f"           libtpu assigns {size_text(report.assigned_bytes)} (arguments and its "
+            "temp block: what its HBM check counts)"
+        )
+    if report.argument_bytes is not None:
+        parts = ("argument", "output", "temp", "alias")
+        lines.append(
+            "           "
+            + ", ".join(f"{p} {size_text(getattr(report, f'{p}_bytes'))}" for p in parts)
+            + " (total = argument + output + temp - alias)"
+        )
+    if report.flops is not None:
+        counted = "; cuDNN attention on the pairs its mask keeps" * (report.attention == "cudnn")
+        lines.append(
+            f"flops      {report.flops:.3e} per device per step (loop trips counted{counted})"
+        )
+    if report.roofline_seconds is not None:
+        lines.append(
+            f"roofline   {report.roofline_seconds:.3f} s per step: the compiled program's own "
+            "lower bound (per operation, max of FLOPs at peak and bytes at HBM bandwidth)"
+        )
+    if report.collectives:
+        lines += ["", collective_table(report)]
+    return "\n".join(lines)
+
+
+def collective_table(report: CompileReport) -> str:
+    """Collectives per kind and axes: runs and bytes per step, and how many of the bytes stay
+    inside hosts and cross them (a column for granules where they are not the hosts)."""
+    parts = ("bytes", "across_hosts", "across_granules")
+    grouped: dict[tuple[str, tuple[str, ...] | None], list[Any]] = {}
+    for c in report.collectives:
+        total = grouped.setdefault((c.kind, c.axes), [0, 0, 0, 0])
+        total[0] += c.count
+        for k, part in enumerate(parts, start=1):
+            size = getattr(c, part)
+            total[k] = None if size is None or total[k] is None else total[k] + size * c.count
+    granules = any(c.across_granules != c.across_hosts for c in report.collectives)
+    header = ["collective", "axes", "per step", "bytes per step", "inside hosts", "across hosts"]
+    rows: list[list[Any]] = [header + ["across granules"] * granules]
+    for (kind, axes), (count, size, hosts, across) in sorted(
+        grouped.items(), key=lambda kv: -kv[1][1]
+    ):
+        shown = ",".join(axes) if axes else "(part of an axis)"
+        inside = None if hosts is None else size - hosts
+        row = [kind, shown, count, size_text(size), *(_gb_or_unknown(v) for v in (inside, hosts))]
+        rows.append(row + [_gb_or_unknown(across)] * granules)
+    totals = report.bytes_across()
+    rows.append(
+        ["all", "", sum(c.count for c in report.collectives), size_text(totals["total"] or 0)]
+        + [_gb_or_unknown(totals[k]) for k in ("inside_hosts", "across_hosts")]
+        + [_gb_or_unknown(totals["across_granules"])] * granules
+    )
+    return text_table(rows)
+
+
+def _judged(report: CompileReport) -> str:
+    """What the memory is held against, in words: the device's HBM, or why nothing."""
+    if report.hbm_bytes is not None:
+        verdict = "fits" if report.fits else "does NOT fit"
+        if report.fits and report.total_bytes > report.hbm_bytes:  # TPU: the compiler judged
+            verdict = (
+                "fits by the compiler's own check (libtpu refuses a program over its HBM; "
+                "memory_analysis() counts temporaries beyond the buffers it assigns)"
+            )
+        return f" of {size_text(report.hbm_bytes)}: {verdict}"
+    if report.profile is not None and not report.profile.traits.device_memory:
+        return (
+            ": not judged (CPU devices share the host's memory; the catalogue gives a CPU "
+            "device no memory of its own to hold this against)"
+        )
+    return ": not judged (the catalogue gives no HBM for this hardware)"
+
+
+def _gpu_pool(usable: int) -> str:
+    from ..hardware.gpu_targets import gpu_pool_fraction
+
+    fraction, where = gpu_pool_fraction()
+    return (
+        f"{size_text(usable)}: the pool jax's GPU client preallocates, {fraction:g} of the "
+        f"{size_text(usable / fraction)} the GPU reports ({where})"
+    )
+
+
+def _gb_or_unknown(n: float | None) -> str:
+    return "?" if n is None else size_text(n)

@@ -1,0 +1,114 @@
+"""The cost model's answers as text and data: one estimate's breakdown (`loadax-mesh estimate`)
+and the ranking `choose_mesh` gives (`plan --strategy auto`, printed before the winner's plan)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .picture import shape_text
+from .report import size_text, text_table
+
+if TYPE_CHECKING:
+    from ..cost import Estimate, Ranking
+
+
+def auto_note(ranking: Ranking, searched: list[str]) -> str:
+    """The note under a plan that `--strategy auto` chose: how many meshes, which recipe flags
+    were searched (not given), and the winner's recipe as the command line writes it."""
+    what = f" and recipes ({', '.join(searched)} searched)" if searched else ""
+    train = ranking[0].train
+    return (
+        f"strategy auto: the fastest of {ranking.considered} meshes{what}; recipe remat "
+        f"{train.remat_text}, microbatches {train.microbatches}, logits chunks "
+        f"{train.logits_chunks}"
+    )
+
+
+def ranking_text(ranking: Ranking) -> str:
+    """The ranking as a table: shape, ICI x DCN, memory against HBM, step time, MFU."""
+    header = ["", "mesh", "ici x dcn", "recipe", "memory", "host", "step", "MFU", "bottleneck"]
+    rows: list[list[Any]] = [header]
+    for k, c in enumerate(ranking, 1):
+        e = c.estimate
+        rows.append(
+            [
+                f"{k}.",
+                shape_text(e.mesh, drop_ones=True) or "1 device",
+                f"{shape_text(c.ici, compact=True)} x {shape_text(c.dcn, compact=True)}",
+                f"{e.remat} x{e.microbatches}" + (f" /{e.logits_chunks}" * (e.logits_chunks > 1)),
+                f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB",
+                f"{e.host_bytes / 1e9:.1f} GB" if e.host_bytes else "-",
+                f"{e.step_seconds:.3f} s",
+                f"{e.mfu:.2f}",
+                e.bottleneck,
+            ]
+        )
+    pruned = ", ".join(f"{n} {why}" for why, n in ranking.pruned.items()) or "none"
+    return (
+        f"ranking    {ranking.considered} shapes x ICI/DCN splits considered; pruned: {pruned}; "
+        f"{ranking.planned} planned on the real rings; recipe: remat x micro-batches "
+        f"[/ logits chunks]\n{text_table(rows)}"
+    )
+
+
+def ranking_data(ranking: Ranking) -> dict[str, Any]:
+    """The ranking as JSON data: the search's counts and each choice's estimate."""
+    return {
+        "considered": ranking.considered,
+        "pruned": ranking.pruned,
+        "planned": ranking.planned,
+        "choices": [
+            {"ici_mesh_shape": list(c.ici), "dcn_mesh_shape": list(c.dcn), **c.estimate.to_dict()}
+            for c in ranking
+        ],
+    }
+
+
+def estimate_text(e: Estimate, notes: list[str]) -> str:
+    """One estimate's breakdown: memory terms and phases, compute, each axis's collectives."""
+    mesh = shape_text(e.mesh)
+    verdict = "fits" if e.fits else "does NOT fit"
+    host = "?" if e.host_memory_bytes is None else size_text(e.host_memory_bytes)
+    lines = [
+        f"estimate   {e.model}, global batch {e.global_batch} on {e.hardware}",
+        f"recipe     remat {e.remat}, microbatches {e.microbatches}, logits chunks "
+        f"{e.logits_chunks}",
+        f"mesh       {mesh}",
+        *(f"note       {n}" for n in notes),
+        "",
+        f"memory     {size_text(e.memory_bytes)} per device of {size_text(e.hbm_bytes)}, host "
+        f"{size_text(e.host_bytes)} of {host}: {verdict}",
+        "           "
+        + ", ".join(f"{k} {size_text(v)}" for k, v in e.memory.items() if v)
+        + f" (live at the peak: the {max(e.phases, key=lambda p: e.phases[p])})",
+        "           phases: " + ", ".join(f"{k} {size_text(v)}" for k, v in e.phases.items()),
+        f"compute    {e.flops:.3e} FLOPs a device ({e.recompute_flops:.3e} recomputed), "
+        f"{e.compute_seconds * 1e3:.1f} ms at peak",
+    ]
+    if e.offload_bytes:
+        lines.append(
+            f"offload    {size_text(e.offload_bytes)} each way over the host link, "
+            f"{e.offload_seconds * 1e3:.1f} ms, {e.offload_exposed_seconds * 1e3:.1f} ms exposed"
+        )
+    rows: list[list[Any]] = [["axis", "role", "ici x dcn", "bytes", "across granules", "time"]]
+    for a in e.axes.values():
+        if a.bytes:
+            rows.append(
+                [
+                    a.axis,
+                    a.role,
+                    f"{a.ici} x {a.dcn}",
+                    size_text(a.bytes),
+                    size_text(a.across_granules),
+                    f"{a.seconds * 1e3:.1f} ms"
+                    + (f" ({a.exposed_seconds * 1e3:.1f} exposed)" if a.exposed_seconds else ""),
+                ]
+            )
+    if len(rows) > 1:
+        lines += ["", text_table(rows), ""]
+    lines += [
+        f"step       {e.step_seconds * 1e3:.1f} ms; {e.tokens_per_second:,.0f} tokens/s a device;"
+        f" MFU {e.mfu:.2f}; bottleneck: {e.bottleneck}",
+        f"overlap    {e.overlap}",
+    ]
+    return "\n".join(lines)
