@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -22,6 +24,7 @@ def test_example_trains_on_local_devices(script):
     assert "loss" in run(sys.executable, script)
 
 
+@pytest.mark.multiprocess
 def test_hsdp_replicates_across_two_processes():
     out = run(
         sys.executable,

@@ -10,6 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
@@ -32,6 +34,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_wheel_ships_configs(tmp_path):
     dist, target, elsewhere = tmp_path / "dist", tmp_path / "site", tmp_path / "cwd"
     elsewhere.mkdir()

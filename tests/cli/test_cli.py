@@ -406,6 +406,7 @@ def test_shape_takes_commas_only(capsys):
     assert "'16x16' is not an integer" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_compile_local_cpu_says_its_memory_is_not_judged(capsys):
     code, out, _ = run(
         capsys,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
 from loadax_mesh.cli.main import main
 from loadax_mesh.cost import estimate
@@ -73,6 +75,8 @@ def test_plan_auto_ranks_then_plans_the_winner(capsys):
     assert code == 2 and "drop --shape" in err
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_compile_auto_compiles_a_winner_that_fits(capsys):
     argv = ["compile", "tpu-v5litepod-8", "--strategy", "auto", "--model", "tiny"]
     code, out, _ = run(capsys, *argv, "--global-batch", "64", "--format", "json")

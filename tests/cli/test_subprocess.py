@@ -101,6 +101,8 @@ def test_local_devices_in_a_fresh_process():
     assert data["hardware"] == "cpu-4" and data["shape"] == {"data": 4}
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_launch_then_plan_local_devices_of_the_whole_job():
     """`launch` delegates to loadax_mesh.jobs.launcher; `plan --devices local` in its children
     joins the job, so process 0 plans for both processes' devices."""

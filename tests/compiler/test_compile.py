@@ -26,6 +26,8 @@ def fsdp_tp():
     return plan, compile_step(plan, TINY, TrainSpec(global_batch=8))
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_the_report(fsdp_tp):
     plan, report = fsdp_tp
     assert report.mesh == {"data": 1, "fsdp": 2, "model": 4} and report.attention == "splash"
@@ -52,6 +54,8 @@ def test_the_report(fsdp_tp):
     assert report.flops is not None and report.flops > 6 * TINY.num_params * 8 * 128 / 8
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_loop_bodies_count_once_per_trip():
     """FLOPs of a scanned stack equal the compiler's own count for the same stack unrolled."""
     config = MeshConfig((4,), ("fsdp",), batch_axis_names="fsdp")
@@ -78,6 +82,8 @@ def test_loop_bodies_count_once_per_trip():
     assert counted > 6 * once  # the compiler's own figure counted the body once
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_groups_map_to_mesh_axes_in_mesh_order():
     """A psum over one axis of a mesh whose devices are not in id order spans exactly it."""
     devices = np.array(topology_devices("tpu-v5litepod-8"))[::-1].reshape(2, 4)
@@ -96,6 +102,8 @@ def test_groups_map_to_mesh_axes_in_mesh_order():
         assert found and all(group_axes(c.groups, {"a": 2, "b": 4}) == (axis,) for c in found)
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_a_step_that_does_not_fit_is_a_report_of_the_step_as_written():
     """Out of HBM, libtpu rematerialises beyond the step's policy before it refuses; the
     report's figure is the step as written, larger than the squeezed one."""
@@ -117,6 +125,8 @@ def test_a_step_that_does_not_fit_is_a_report_of_the_step_as_written():
     assert report.total_bytes > 16 * deep.num_params  # weights, gradients, two moments
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_multislice_data_axis_crosses_slices():
     plan = MeshConfig.from_preset("fsdp").plan(topology_devices("tpu-v5litepod-8-2"))
     assert plan.dcn_mesh_shape == (2, 1)

@@ -35,6 +35,8 @@ def tiny_on_two_hosts():
     return plan, compile_step(plan, TINY, TrainSpec(global_batch=16))
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_fsdp_inside_hosts_data_across(tiny_on_two_hosts):
     plan, report = tiny_on_two_hosts
     assert report.mesh == {"data": 2, "fsdp": 8} and report.hardware == TWO_HOSTS
@@ -42,6 +44,8 @@ def test_fsdp_inside_hosts_data_across(tiny_on_two_hosts):
     assert report.attention == "cudnn"
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_memory_and_fit_against_the_gpu_pool(tiny_on_two_hosts):
     """Arguments are exactly the sharded parameters, Adam moments and batch; fit is judged
     against the pool jax's GPU client takes, 0.75 of the memory the H100 reports."""
@@ -60,6 +64,8 @@ def test_memory_and_fit_against_the_gpu_pool(tiny_on_two_hosts):
     assert report.assigned_bytes is None  # only libtpu's assignment is read (TPU)
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_collectives_inside_and_across_hosts(tiny_on_two_hosts):
     """The fsdp all-gathers and reduce-scatters stay inside each host; the data-axis
     all-reduce of the gradients crosses entirely; a reduction over all 16 GPUs crosses on 2
@@ -83,6 +89,8 @@ def test_collectives_inside_and_across_hosts(tiny_on_two_hosts):
     assert totals["inside_hosts"] + totals["across_hosts"] == totals["total"]
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_a_model_over_the_pool_gives_a_report(capsys):
     """LLaMA-3 70B on one host of 8 H100s: the GPU compiler compiles it anyway; the report
     says it does not fit, with the bytes."""
@@ -97,6 +105,8 @@ def test_a_model_over_the_pool_gives_a_report(capsys):
     assert report["bytes_per_step"]["across_hosts"] == 0  # one host
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_compile_cli_json(capsys):
     argv = ["compile", TWO_HOSTS, "--strategy", "fsdp", "--model", "tiny", "--global-batch", "16"]
     assert main([*argv, "--format", "json"]) == 0
@@ -147,6 +157,8 @@ def _calls(hlo: HloText) -> dict[str, int | None]:
     }
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_cudnn_attention_flops_by_hand():
     """Per GPU one sequence of 256 tokens, 4 query heads of 64: a causal mask keeps
     256 * 257 / 2 query-key pairs; forward 2 * 64 (QK^T) + 2 * 64 (PV) FLOPs a pair and head,

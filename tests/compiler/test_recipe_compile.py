@@ -36,6 +36,8 @@ def reports():
     }
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_offloaded_tensors_are_host_bytes_and_leave_hbm(reports):
     device, offload = reports["device"], reports["offload"]
     assert device.host_bytes == 0

@@ -11,6 +11,8 @@ from jax.sharding import PartitionSpec as P
 from loadax_mesh import topology_devices
 from loadax_mesh.compiler.roofline import roofline
 
+pytestmark = [pytest.mark.compile, pytest.mark.slow]
+
 PEAK, HBM = 918e12, 1.638e12  # a v6e chip's bf16 peak and HBM bandwidth (catalogue)
 
 

@@ -106,6 +106,7 @@ def _train(mesh: jax.sharding.Mesh | None, rules: tuple, steps: int = 4) -> list
     return losses
 
 
+@pytest.mark.slow
 def test_a_linen_model_sharded_by_the_rules_trains_to_the_single_device_losses() -> None:
     plan = MeshConfig((1, 4, 2), ("data", "fsdp", "model"), ("data", "fsdp")).plan(jax.devices())
     rules = plan.to_flax_rules()

@@ -103,6 +103,7 @@ def test_cpu_strings_are_refused():
         topology_devices("cpu-8")
 
 
+@pytest.mark.slow
 def test_after_jax_started_without_the_cuda_plugin():
     """jax's backends started first, with JAX_PLATFORMS unset: the CUDA plugin refused to
     register then (no CUDA here), and topology_devices registers it afterwards."""
@@ -121,6 +122,8 @@ def test_after_jax_started_without_the_cuda_plugin():
     assert out.split() == ["cpu", "False", "16", "cpu", "False"]
 
 
+@pytest.mark.compile
+@pytest.mark.slow
 def test_a_sharded_matmul_compiles_for_two_hosts_of_eight_h100s():
     devices = topology_devices("gpu-p5.48xlarge-16")
     config = MeshConfig(

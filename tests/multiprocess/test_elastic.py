@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS, SAVE_EVERY, DIE_AT = 5, 2, 4  # checkpoints after steps 2 and 4; process 3 dies at step 4
@@ -44,6 +45,8 @@ def losses(stdout: str, prefix: str = "") -> dict[int, dict[int, float]]:
     return found
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_lost_process_resumes_on_the_rest_with_nothing_lost(tmp_path: Path) -> None:
     common = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY)]
     # the uninterrupted run (8 devices in one process, the same data x fsdp = 4 x 2 mesh) runs

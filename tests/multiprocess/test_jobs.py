@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
 JOB = Path(__file__).with_name("job.py")
 LAUNCH_TIMEOUT = 90  # seconds the launcher allows the job (its own bound)
 WAIT = LAUNCH_TIMEOUT + 30  # seconds this test waits for the launcher

@@ -46,6 +46,7 @@ print("to stderr", file=sys.stderr)
 """
 
 
+@pytest.mark.multiprocess
 def test_children_get_their_settings_and_prefixed_output() -> None:
     done = run("--nprocs", "3", "--devices-per-process", "2", child=SHOW_ENV)
     assert done.returncode == 0, done.stderr
@@ -65,6 +66,7 @@ def test_children_get_their_settings_and_prefixed_output() -> None:
 GLOO = "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("verbose", [False, True])
 def test_gloo_connection_messages_only_with_verbose(verbose: bool) -> None:
     child = f"print({GLOO!r}); print('[Gloo] other news'); print('work')"
@@ -87,6 +89,7 @@ def test_gloo_messages_interleaved_by_its_threads_are_dropped() -> None:
     assert _quiet("[Gloo] other news\n") == "[Gloo] other news\n"
 
 
+@pytest.mark.multiprocess
 def test_gloo_text_inside_a_line_is_cut_out() -> None:
     """Gloo's C++ output can land in the middle of one of the child's lines (seen under load)."""
     child = f"import sys; sys.stdout.write({GLOO!r}); print('work'); print()"
@@ -95,6 +98,7 @@ def test_gloo_text_inside_a_line_is_cut_out() -> None:
     assert done.stdout.splitlines() == ["[0] work", "[0] "]
 
 
+@pytest.mark.multiprocess
 def test_a_failing_child_stops_the_others() -> None:
     child = """
 import os, sys, time
@@ -116,6 +120,7 @@ print("survived", flush=True)
             os.kill(pid, 0)
 
 
+@pytest.mark.multiprocess
 def test_a_child_killed_by_a_signal_is_named() -> None:
     child = """
 import os, signal, time
@@ -128,6 +133,8 @@ time.sleep(120)
     assert "process 0 failed (signal 9); stopped processes [1]" in done.stderr
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_the_timeout_stops_the_job() -> None:
     done = run(
         "--nprocs",
@@ -142,6 +149,7 @@ def test_the_timeout_stops_the_job() -> None:
     assert "timed out after 1 s (--timeout); stopped processes [0, 1]" in done.stderr
 
 
+@pytest.mark.multiprocess
 def test_a_given_busy_port_is_a_clear_error() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -154,6 +162,7 @@ def test_a_given_busy_port_is_a_clear_error() -> None:
     assert f"port={port} is in use on 127.0.0.1" in done.stderr
 
 
+@pytest.mark.multiprocess
 def test_a_given_free_port_is_used() -> None:
     port = launcher.free_port()
     done = run(
@@ -239,6 +248,7 @@ time.sleep(120)
     return launcher, children
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux-only")
 def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
     launcher, children = _start_two_sleepers(
@@ -262,6 +272,7 @@ def _alive(pid: int) -> bool:
         return f.read().split(") ")[1][0] != "Z"
 
 
+@pytest.mark.multiprocess
 def test_sigterm_to_the_launcher_stops_the_children(tmp_path: Path) -> None:
     launcher, children = _start_two_sleepers(
         tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -290,6 +301,7 @@ def test_the_launcher_imports_no_jax() -> None:
     assert run_python(code, timeout=WAIT) == "[]\n"
 
 
+@pytest.mark.multiprocess
 def test_python_m_distributed_runs_the_launcher() -> None:
     cmd = [sys.executable, "-m", "loadax_mesh", "launch", "--nprocs", "2"]
     cmd += ["--devices-per-process", "1", "--", sys.executable, "-c", "print('hi')"]
@@ -358,6 +370,8 @@ def test_initialize_refuses_arguments_the_launcher_sets(monkeypatch: Any) -> Non
     assert "loadax-mesh launch" in str(err.value)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_initialize_needs_to_run_before_jax_uses_its_devices() -> None:
     child = (
         "import jax; jax.devices()\nfrom loadax_mesh import distributed\ndistributed.initialize()\n"
@@ -370,6 +384,7 @@ def test_initialize_needs_to_run_before_jax_uses_its_devices() -> None:
 # -- starting children without forking the launcher -----------------------------------------
 
 
+@pytest.mark.multiprocess
 def test_launching_after_jax_started_forks_nothing(capfd: Any) -> None:
     """A `preexec_fn` would make subprocess fork the (threaded) launcher, and jax, once its
     backend runs, warns about every fork with a RuntimeWarning; the children start without."""
@@ -402,6 +417,8 @@ if run == "0":
 """
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "what"),
     [("os.kill(os.getpid(), signal.SIGKILL)", "signal 9"), ("sys.exit(5)", "exit code 5")],
@@ -428,6 +445,8 @@ time.sleep(120)
 """
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_restarts_end_when_none_are_left() -> None:
     done = run(
         "--nprocs", "3", "--devices-per-process", "1", "--max-restarts", "1", child=ALWAYS_FAILS
@@ -438,6 +457,7 @@ def test_restarts_end_when_none_are_left() -> None:
     assert done.stderr.rstrip().endswith("not restarting: all 1 restarts made (--max-restarts)")
 
 
+@pytest.mark.multiprocess
 def test_restarts_end_below_the_minimum_of_processes() -> None:
     args = ["--nprocs", "2", "--devices-per-process", "1", "--max-restarts", "3"]
     done = run(*args, "--min-nprocs", "2", child=ALWAYS_FAILS)

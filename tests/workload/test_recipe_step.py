@@ -29,6 +29,7 @@ def reference():
     return train(single, batch_axes=("data",))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "recipe",
     [
@@ -55,6 +56,7 @@ def test_each_recipe_trains_like_the_plain_step_on_one_device(reference, recipe)
     assert (np.diff(losses) < 0).all(), losses
 
 
+@pytest.mark.slow
 def test_logits_chunks_over_a_sequence_axis(reference):
     plan = MeshConfig.from_preset("dp_sp").plan()
     losses = train(plan, batch_axes=plan.batch_axis_names, logits_chunks=4)
@@ -98,6 +100,7 @@ def test_recipe_checks_that_need_the_mesh(mesh, batch_axes, recipe, message):
         make_step(device_mesh, TINY, train, batch_axes=batch_axes)
 
 
+@pytest.mark.slow
 def test_micro_batches_and_chunks_move_no_rows_between_devices():
     """Each device slices its own rows and tokens: the split adds no all-to-all or permute."""
     plan = MeshConfig(*MESH).plan()

@@ -113,6 +113,7 @@ def train(plan, compute_dtype):
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("preset", "compute_dtype"),
     [("fsdp", "float32"), ("fsdp_tp", "float32"), ("dp_sp", "float32"), ("fsdp_tp", "bfloat16")],
