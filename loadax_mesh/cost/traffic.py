@@ -181,7 +181,10 @@ def _seconds(
 ) -> tuple[float, float]:
     """Seconds of one run: (an ICI phase over the granule's members, a DCN phase across
     granules). An all-gather's ICI phase gathers 1/dcn of the buffer (a reduce-scatter's
-    reduces it last); an all-reduce is a reduce-scatter and an all-gather over both."""
+    reduces it last); an all-reduce is a reduce-scatter and an all-gather over both. The DCN
+    phase runs between the devices at the same place in each granule, each holding 1/ici of
+    the buffer: it moves (dcn - 1) / dcn of that share per device (twice for an all-reduce),
+    over the device's own share of its host's network."""
     factor = 2 if c.kind == "all-reduce" else 1
     inside = outside = 0.0
     if ici > 1:
@@ -192,6 +195,6 @@ def _seconds(
         outside = (
             factor
             * (dcn - 1)
-            * (c.bytes / dcn / facts.need("dcn_bandwidth") + facts.need("dcn_latency"))
+            * (c.bytes / ici / dcn / facts.need("dcn_bandwidth") + facts.need("dcn_latency"))
         )
     return inside, outside

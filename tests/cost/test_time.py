@@ -88,3 +88,26 @@ def test_the_calibration_is_a_named_fit_that_an_estimate_can_replace() -> None:
     assert faster.time.matmul == pytest.approx(base.time.matmul * k)
     assert faster.time.memory_bound == base.time.memory_bound  # bytes are not calibrated
     assert 0 < k < 1 and 0 < calibration("compute_efficiency", "gpu") < 1
+
+
+def test_an_axis_over_ici_and_dcn_sends_its_ici_share_across_granules() -> None:
+    """FSDP over 128 chips in each of 2 slices: across slices each device exchanges only its
+    1/128 share of a gathered buffer with its twin in the other slice (the compilers gather
+    inside the slice after), so the DCN phase moves bytes / ici / dcn per peer."""
+    from loadax_mesh import HybridMeshShape
+    from loadax_mesh.hardware.profile import hardware_profile
+
+    hardware = "tpu-v5litepod-128-2"
+    shape = HybridMeshShape((1, 128), (1, 2))
+    config = MeshConfig(mesh_shape=shape, mesh_axis_names=("data", "fsdp"))
+    p = config.plan(simulate_devices(hardware), selector=hardware)
+    e = estimate(p, ModelSpec.from_name("llama3-8b"), TrainSpec(global_batch=256))
+    fsdp, facts = e.axes["fsdp"], hardware_profile(hardware).facts()
+    assert (fsdp.ici, fsdp.dcn) == (128, 2)
+    moved = sum(
+        c.count * (2 if c.kind == "all-reduce" else 1) * c.bytes / 128 / 2 for c in fsdp.collectives
+    )
+    runs = sum(c.count * (2 if c.kind == "all-reduce" else 1) for c in fsdp.collectives)
+    expected = moved / facts.dcn_bandwidth + runs * facts.need("dcn_latency")
+    assert fsdp.dcn_seconds == pytest.approx(expected)
+    assert e.time.across_granules == pytest.approx(fsdp.dcn_seconds)
