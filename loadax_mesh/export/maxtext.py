@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..workload.layout import implementation
+from ..workload.layout import check_modelled, implementation
 from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
 
@@ -134,6 +134,7 @@ def _remat(train: TrainSpec) -> dict[str, str]:
 
 
 def _model(model: ModelSpec) -> dict[str, str]:
+    check_modelled(model, by="the MaxText export")  # its keys below spell a dense Llama
     keys = {"max_target_length": str(model.seq_len)}
     if model.name in MODELS:
         return {"model_name": model.name, **keys}
