@@ -227,8 +227,8 @@ class ModelSpec:
     @property
     def num_active_params(self) -> int:
         """The weights one token uses: num_params less the routed experts it is not sent to.
-        The whole embedding table counts, as Mistral, Qwen and Meta count their models'
-        active parameters (the lookup reads one row of it)."""
+        The whole embedding table counts (the lookup reads one row of it), as Mistral, Qwen and
+        Meta count their models' active parameters; DeepSeek's 37B for V3 leaves it out."""
         return self._params(self.experts_per_token)
 
     @classmethod
