@@ -34,7 +34,7 @@ _PUBLIC = {
     "flatten_axes": "groups",
     "coordinate": "groups",
     "topology_devices": "hardware.topology",
-    "ModelSpec": "workload.spec",
+    "ModelSpec": "workload.model",
     "TrainSpec": "workload.spec",
     "compile_step": "compiler.report",
     "CompileReport": "compiler.report",
@@ -62,7 +62,8 @@ if TYPE_CHECKING:
     from .presets import list_presets
     from .rules import match_regex_rules
     from .shapes import HybridMeshShape, MeshShape, infer_mesh_shape
-    from .workload.spec import ModelSpec, TrainSpec
+    from .workload.model import ModelSpec
+    from .workload.spec import TrainSpec
 
 
 def _auto_preset(**options: Any) -> Any:

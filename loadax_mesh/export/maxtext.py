@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
 from ..hardware.profile import attention_kernel
+from ..workload.layout import check_modelled
 from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
 
@@ -134,6 +135,7 @@ def _remat(train: TrainSpec) -> dict[str, str]:
 
 
 def _model(model: ModelSpec) -> dict[str, str]:
+    check_modelled(model, by="the MaxText export")  # its keys below spell a dense Llama
     keys = {"max_target_length": str(model.seq_len)}
     if model.name in MODELS:
         return {"model_name": model.name, **keys}

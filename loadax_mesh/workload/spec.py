@@ -1,18 +1,18 @@
-"""What the reference step trains: a model's shape (`ModelSpec`) and how it trains (`TrainSpec`).
-
-Pure Python: the cost model reads these without jax. Models live in configs/models/<name>.toml,
-each shape with its source.
+"""What the reference step trains: a model's shape (`ModelSpec`, in model.py) and how it trains
+(`TrainSpec`). Pure Python: the cost model reads these without jax.
 """
 
 from __future__ import annotations
 
-import tomllib
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from .._configs import config_path
 from ..errors import MeshConfigError
+from .model import ModelSpec as ModelSpec
+from .model import _positive
+from .model import list_models as list_models
 
 DTYPES = ("float32", "bfloat16")
 # The named tensors of a layer a remat policy places, and where each may go.
@@ -46,6 +46,9 @@ REMAT = tuple(POLICIES)
 _SAME_STEP = ("full", "dots", "dots_attention", "offload")
 ATTENTION = ("flash", "plain")
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+# How a step runs MoE layers (TrainSpec).
+MOE = ("dropless", "capacity")
+ROUTING = ("learned", "balanced")
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -101,118 +104,6 @@ def _placements(remat: Any) -> tuple[tuple[str, str], ...]:
     return tuple((t, remat.get(t, default[t])) for t in TENSORS)
 
 
-def _positive(value: Any, field: str) -> int:
-    if type(value) is not int or value < 1:
-        raise MeshConfigError(f"{field}={value!r}; accepted: a positive integer")
-    return value
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A decoder-only transformer LM: GQA attention, SwiGLU MLP, RMSNorm, layers under a scan.
-
-    Raises:
-        MeshConfigError: when built with a size that is not a positive int.
-    """
-
-    name: str
-    num_layers: int
-    d_model: int
-    d_ff: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    seq_len: int
-    tied_embeddings: bool = False
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        where = f"model {self.name!r}"
-        for f in fields(self):
-            if f.type == "int":
-                _positive(getattr(self, f.name), f"{where}: {f.name}")
-        if self.d_model % self.num_heads:
-            raise MeshConfigError(
-                f"{where}: num_heads={self.num_heads} does not divide d_model={self.d_model}; "
-                "accepted: a divisor of d_model"
-            )
-        if self.num_heads % self.num_kv_heads:
-            raise MeshConfigError(
-                f"{where}: num_kv_heads={self.num_kv_heads} does not divide "
-                f"num_heads={self.num_heads}; accepted: a divisor of num_heads"
-            )
-        if not isinstance(self.tied_embeddings, bool):
-            raise MeshConfigError(
-                f"{where}: tied_embeddings={self.tied_embeddings!r}; accepted: true or false"
-            )
-
-    @property
-    def layer_params(self) -> int:
-        """Parameters of one layer: two norms, q/k/v/o projections, the SwiGLU MLP."""
-        d, hd = self.d_model, self.head_dim
-        attention = d * hd * (2 * self.num_heads + 2 * self.num_kv_heads)
-        return 2 * d + attention + 3 * d * self.d_ff
-
-    @property
-    def num_params(self) -> int:
-        embeddings = self.vocab_size * self.d_model * (1 if self.tied_embeddings else 2)
-        return embeddings + self.num_layers * self.layer_params + self.d_model
-
-    @classmethod
-    def from_name(cls, name: str) -> ModelSpec:
-        """The model in `configs/models/<name>.toml`.
-
-        Args:
-            name: a catalogue model such as "llama3-8b" (`loadax-mesh models` lists them).
-
-        Returns:
-            The `ModelSpec`.
-
-        Raises:
-            MeshConfigError: an unknown name.
-        """
-        names = list_models()
-        if not isinstance(name, str) or name not in names:
-            raise MeshConfigError(
-                f"model={name!r} is not a known model; accepted: {', '.join(names)}"
-            )
-        return cls.from_toml(str(config_path("models", f"{name}.toml")))
-
-    @classmethod
-    def from_toml(cls, path: str) -> ModelSpec:
-        """A model from a TOML file with this class's fields (`name` and `source` included).
-
-        Args:
-            path: the TOML file.
-
-        Returns:
-            The `ModelSpec`.
-
-        Raises:
-            MeshConfigError: the file is unreadable, or a field is missing, unknown or invalid.
-        """
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise MeshConfigError(f"path={path!r} is no readable TOML file: {err}") from None
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(data) - set(names))
-        missing = [f.name for f in fields(cls) if f.type == "int" and f.name not in data]
-        if unknown or missing or "name" not in data:
-            raise MeshConfigError(
-                f"model file {path}: unknown keys {unknown}, missing keys "
-                f"{missing + ['name'] * ('name' not in data)}; accepted: {names}"
-            )
-        return cls(**data)
-
-
-def list_models() -> list[str]:
-    """The names of the shipped models (configs/models/*.toml), sorted."""
-    return sorted(p.stem for p in config_path("models").glob("*.toml"))
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainSpec:
     """How a step trains: the global batch (sequences), dtypes, attention and the recipe
@@ -235,9 +126,14 @@ class TrainSpec:
     `logits_chunks`: the loss computed over that many slices of the tokens, so the
     [tokens, vocab] logits never exist whole.
 
+    MoE layers (a model with experts): `moe` "dropless" gives every expert all the tokens
+    routed to it; "capacity" gives each at most `capacity_factor` times its even share and
+    drops the rest. `routing` "learned" follows the router; "balanced" spreads tokens evenly
+    over the experts, as published MoE benchmark runs force it.
+
     Raises:
         MeshConfigError: when built with an invalid field (a batch that is not a positive int,
-            an unknown dtype, remat policy, tensor or placement, ...).
+            an unknown dtype, remat policy, tensor or placement, MoE option, ...).
     """
 
     global_batch: int
@@ -249,6 +145,9 @@ class TrainSpec:
     learning_rate: float = 1e-3
     microbatches: int = 1
     logits_chunks: int = 1
+    moe: str = "dropless"
+    capacity_factor: float = 1.25
+    routing: str = "learned"
 
     def __post_init__(self) -> None:
         _positive(self.global_batch, "global_batch")
@@ -273,6 +172,17 @@ class TrainSpec:
         if type(self.learning_rate) is not float or not self.learning_rate > 0:
             raise MeshConfigError(
                 f"learning_rate={self.learning_rate!r}; accepted: a positive float"
+            )
+        for name, accepted in (("moe", MOE), ("routing", ROUTING)):
+            if getattr(self, name) not in accepted:
+                raise MeshConfigError(
+                    f"{name}={getattr(self, name)!r}; accepted: {', '.join(accepted)}"
+                )
+        factor = self.capacity_factor
+        if type(factor) not in (int, float) or not 0 < factor < math.inf:
+            raise MeshConfigError(
+                f"capacity_factor={factor!r}; accepted: a positive finite number (the "
+                "expert capacity over its even share of tokens; used by moe='capacity')"
             )
 
     @property

@@ -56,7 +56,6 @@ GOOD = dict(
         ({"num_layers": None}, "missing keys \\['num_layers'\\]"),
         ({"d_model": -64}, "d_model=-64; accepted: a positive integer"),
         ({"d_ff": 12.5}, "d_ff=12.5; accepted: a positive integer"),
-        ({"num_heads": 5}, "num_heads=5 does not divide d_model=64"),
         ({"num_kv_heads": 3}, "num_kv_heads=3 does not divide num_heads=4"),
         ({"extra": 1}, "unknown keys \\['extra'\\]"),
         ({"tied_embeddings": "yes"}, "tied_embeddings='yes'"),
