@@ -182,3 +182,10 @@ def test_a_refused_compile_gives_the_step_as_written_and_squeezed():
     assert "refused    RESOURCE_EXHAUSTED" in text and "does NOT fit" in text
     assert "memory     23.75 GB per device" in text
     assert "the step as written; the compiler's own extra remat got it to 21.78 GB," in text
+
+
+def test_one_host_is_not_hosts() -> None:
+    from loadax_mesh import MeshConfig, simulate_devices
+
+    text = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5litepod-8")).describe()
+    assert "8 chips (1 device each), 1 host, 1 slice" in text
