@@ -219,8 +219,8 @@ def _hardware_text(hw: dict[str, Any], plan: PlanView) -> list[str]:
     if traits.multislice:
         each = hw["devices_per_chip"]
         name += (
-            f"{hw['chips']} chips ({count_text(each, 'device')} each), {count_text(hosts, 'host')}, "
-            f"{count_text(slices, 'slice')}"
+            f"{hw['chips']} chips ({count_text(each, 'device')} each), "
+            f"{count_text(hosts, 'host')}, {count_text(slices, 'slice')}"
         )
         wrapped = ",".join("xyz"[i] for i, w in enumerate(hw["wraparound"] or ()) if w)
         topology += f", wraparound {wrapped or 'none'}"
