@@ -42,6 +42,7 @@ from loadax_mesh.workload.step import make_step
 
 CONFIG = lm.MeshConfig((-1, 2), ("data", "fsdp"), "data")  # data adapts to the devices left
 MODEL = lm.ModelSpec.from_name("tiny")
+UNCOMMITTED = ".orbax-checkpoint-tmp"  # Orbax writes a step here, then renames it: the commit
 
 
 def parse() -> argparse.Namespace:
@@ -139,8 +140,10 @@ def main() -> None:
             abstract = {"params": step.abstract_args()[0], "opt": step.abstract_args()[1]}
             state = manager.restore(start, args=ocp.args.StandardRestore(abstract))
             params, opt = state["params"], state["opt"]
-            if me == 0:
-                print(f"run {run}: restored step {start}", flush=True)
+            if me == 0:  # a step whose save was cut short stays uncommitted: never read
+                cut = sorted(p.name for p in manager.directory.iterdir() if UNCOMMITTED in p.name)
+                aside = f"; uncommitted, not read: {', '.join(cut)}" if cut else ""
+                print(f"run {run}: restored step {start}{aside}", flush=True)
         for s in range(start + 1, args.steps + 1):
             if last and s == args.die_at:
                 jax.block_until_ready(params)  # the steps before this one done everywhere

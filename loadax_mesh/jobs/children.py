@@ -1,6 +1,6 @@
 """The launcher's children: how they start (without forking the launcher), how their output
-is relayed, and how one run of them is watched and stopped: a waiter per child records each
-end as it happens (exits.py says what the order means). Never imports jax."""
+is relayed, and how one run of them is watched and stopped, each end taken as it comes
+(exits.py: the order of ends, and who failed first). Never imports jax."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ class Job:
         self.lock = threading.Lock()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.pumps: dict[int, list[threading.Thread]] = {}
-        self.exits: queue.SimpleQueue[Exit] = queue.SimpleQueue()
+        self.exits: queue.SimpleQueue[Exit] = queue.SimpleQueue()  # this run's ends, in order
         self.reports = tempfile.mkdtemp(prefix="loadax-mesh-launch-")  # hardware-lost reports
         self.lost_dir = ""  # this run's folder of them
 
@@ -151,7 +151,7 @@ class Job:
         self.end()
         left = max(1, math.ceil(self.deadline - time.monotonic()))
         waiters = Waiters()
-        self.exits = waiters.exits  # this run's: a late end of the last run stays there
+        self.exits = waiters.exits  # a late end of the last run stays in that run's queue
         self.lost_dir = os.path.join(self.reports, f"run-{restart}")
         os.makedirs(self.lost_dir)
         for i in range(nprocs):
