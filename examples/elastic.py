@@ -6,8 +6,11 @@
 
 Trains the reference model (`tiny`) on a `data x fsdp` mesh, saving the parameters and Adam
 state with Orbax every `--save-every` steps. With `--die-at S` the last process kills itself
-(SIGKILL) at the start of step S of the first run; the launcher stops the others and starts the
-job again on the processes left (`LOADAX_RESTART=1`). Every run, the first and each restarted
+(SIGKILL, a host lost; or `sys.exit(N)` with `--exit-code N`) at the start of step S of the
+first run; with `--die-in-save S` it is killed inside the save of step S, its part written to
+Orbax's temporary directory but the step not committed. jax's runtime then ends its peers; the
+launcher tells them from the process that failed first, and starts the job again without that
+one (`LOADAX_RESTART=1`). Every run, the first and each restarted
 one, does the same: `replan` the config on the devices it sees (granules that lost devices are
 dropped; micro-batches rise so that no device holds more rows than the first run's budget),
 restore the latest checkpoint resharded onto the new mesh, and continue. Step s always trains
@@ -24,7 +27,9 @@ import argparse
 import json
 import os
 import signal
+import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -37,6 +42,7 @@ from loadax_mesh.workload.step import make_step
 
 CONFIG = lm.MeshConfig((-1, 2), ("data", "fsdp"), "data")  # data adapts to the devices left
 MODEL = lm.ModelSpec.from_name("tiny")
+UNCOMMITTED = ".orbax-checkpoint-tmp"  # Orbax writes a step here, then renames it: the commit
 
 
 def parse() -> argparse.Namespace:
@@ -46,6 +52,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=12)
     parser.add_argument("--die-at", type=int, default=0, help="first run: last process dies")
+    parser.add_argument("--exit-code", type=int, default=0, help="--die-at by sys.exit(N)")
+    parser.add_argument("--die-in-save", type=int, default=0, help="first run: killed in save")
     parser.add_argument("--out", help="write the final parameters here (.npz)")
     return parser.parse_args()
 
@@ -62,6 +70,23 @@ def budget(ckpt: Path, global_batch: int) -> int:
         path.write_text(json.dumps({"rows_per_device": rows}))
     multihost_utils.sync_global_devices("budget: written")
     return rows
+
+
+class SaveThenDie(ocp.StandardCheckpointHandler):
+    """Orbax's own handler; when `doomed`, the process is killed (SIGKILL) once its shards of
+    the step are written to the step's temporary directory, before Orbax commits the step
+    (renames it into place, after every process has written its part)."""
+
+    doomed = False
+
+    async def async_save(self, directory: Any, *args: Any, **kwargs: Any) -> Any:
+        futures = await super().async_save(directory, *args, **kwargs)
+        if self.doomed:
+            for future in futures or []:
+                future.result()  # this process's part is on disk
+            print(f"process {jax.process_index()} killed inside the save", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return futures
 
 
 def batch_for(step: int, rows: lm.HostBatchSlice, global_batch: int) -> dict[str, np.ndarray]:
@@ -100,7 +125,13 @@ def main() -> None:
     print(f"run {run}: process {me} loads rows {rows.start}:{rows.stop}", flush=True)
 
     options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
-    with ocp.CheckpointManager(ckpt / "state", options=options) as manager:
+    handler, handlers = SaveThenDie(), ocp.handlers.DefaultCheckpointHandlerRegistry()
+    handlers.add(None, ocp.args.StandardSave, handler)
+    handlers.add(None, ocp.args.StandardRestore, handler)
+    last = run == 0 and me == jax.process_count() - 1  # the process that dies, if one does
+    with ocp.CheckpointManager(
+        ckpt / "state", options=options, handler_registry=handlers
+    ) as manager:
         start = manager.latest_step()
         if start is None:
             params, opt = step.init(jax.random.key(0))
@@ -109,17 +140,22 @@ def main() -> None:
             abstract = {"params": step.abstract_args()[0], "opt": step.abstract_args()[1]}
             state = manager.restore(start, args=ocp.args.StandardRestore(abstract))
             params, opt = state["params"], state["opt"]
-            if me == 0:
-                print(f"run {run}: restored step {start}", flush=True)
+            if me == 0:  # a step whose save was cut short stays uncommitted: never read
+                cut = sorted(p.name for p in manager.directory.iterdir() if UNCOMMITTED in p.name)
+                aside = f"; uncommitted, not read: {', '.join(cut)}" if cut else ""
+                print(f"run {run}: restored step {start}{aside}", flush=True)
         for s in range(start + 1, args.steps + 1):
-            if run == 0 and s == args.die_at and me == jax.process_count() - 1:
+            if last and s == args.die_at:
                 jax.block_until_ready(params)  # the steps before this one done everywhere
+                if args.exit_code:
+                    sys.exit(args.exit_code)
                 os.kill(os.getpid(), signal.SIGKILL)  # a host lost
             batch = lm.shard_batch(batch_for(s, rows, args.global_batch), mesh, "data")
             params, opt, loss = step.fn(params, opt, batch)
             if me == 0:
                 print(f"run {run} step {s} loss {float(loss)!r}", flush=True)
             if s % args.save_every == 0:
+                handler.doomed = last and s == args.die_in_save
                 manager.save(s, args=ocp.args.StandardSave({"params": params, "opt": opt}))
     final = multihost_utils.process_allgather(params, tiled=True)
     if args.out and me == 0:

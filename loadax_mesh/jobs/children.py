@@ -1,22 +1,26 @@
 """The launcher's children: how they start (without forking the launcher), how their output
-is relayed, and how one run of them is watched and stopped. Never imports jax."""
+is relayed, and how one run of them is watched and stopped, each end taken as it comes
+(exits.py: the order of ends, and who failed first). Never imports jax."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from typing import IO, Any
 
 from ..errors import MeshConfigError
+from .exits import Exit, Failure, Waiters
 from .launch_env import child_env
 
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL (jax catches SIGTERM for preemption)
@@ -122,12 +126,9 @@ def stop(procs: dict[int, subprocess.Popen[bytes]]) -> list[int]:
     return running
 
 
-def exit_code(returncode: int) -> int:
-    return returncode if 0 < returncode < 256 else 128 + abs(returncode)
-
-
 class Job:
-    """The runs of one launched job: its children and their output pumps, one run at a time."""
+    """The runs of one launched job: its children, their output pumps and their waiters, one
+    run at a time. `close()` ends it."""
 
     def __init__(
         self, command: list[str], devices: int, host: str, timeout: float, verbose: bool
@@ -138,14 +139,21 @@ class Job:
         self.lock = threading.Lock()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.pumps: dict[int, list[threading.Thread]] = {}
+        self.exits: queue.SimpleQueue[Exit] = queue.SimpleQueue()  # this run's ends, in order
+        self.reports = tempfile.mkdtemp(prefix="loadax-mesh-launch-")  # hardware-lost reports
+        self.lost_dir = ""  # this run's folder of them
 
     def say(self, message: str) -> None:
         _say(self.lock, message)
 
     def run(self, nprocs: int, restart: int, port: int) -> tuple[int, int]:
-        """Start `nprocs` children and watch them: (exit code, how many failed)."""
+        """Start `nprocs` children and watch them: (exit code, how many processes are lost)."""
         self.end()
         left = max(1, math.ceil(self.deadline - time.monotonic()))
+        waiters = Waiters()
+        self.exits = waiters.exits  # a late end of the last run stays in that run's queue
+        self.lost_dir = os.path.join(self.reports, f"run-{restart}")
+        os.makedirs(self.lost_dir)
         for i in range(nprocs):
             env = child_env(
                 os.environ,
@@ -155,8 +163,11 @@ class Job:
                 coordinator=f"{self.host}:{port}",
                 init_timeout=left,
                 restart=restart,
+                lost_dir=self.lost_dir,
             )
             self.procs[i] = _spawn(self.command, env)
+            waiters.add(i, self.procs[i])
+        waiters.start()
         for i, proc in self.procs.items():
             self.pumps[i] = [
                 _start_pump(proc.stdout, sys.stdout, i, self.lock, self.verbose),
@@ -165,28 +176,39 @@ class Job:
         return self.watch()
 
     def watch(self) -> tuple[int, int]:
-        while True:
-            codes = {i: p.poll() for i, p in self.procs.items()}
-            failed = [i for i, code in codes.items() if code not in (None, 0)]
-            if failed:
-                code = codes[failed[0]]
-                assert code is not None
-                what = f"exit code {code}" if code > 0 else f"signal {-code}"
-                stopped = stop(self.procs)
-                for thread in (t for i in failed for t in self.pumps[i]):  # last words first
-                    thread.join(timeout=1.0)
-                names = ", ".join(f"process {i}" for i in failed)
-                self.say(f"{names} failed ({what}); stopped processes {stopped}")
-                return exit_code(code), len(failed)
-            if all(code == 0 for code in codes.values()):
-                return 0, 0
-            if time.monotonic() > self.deadline:
+        """Take the children's ends as they come until all succeed, one fails, or time runs
+        out."""
+        ended: list[Exit] = []
+        while len(ended) < len(self.procs):
+            wait = self.deadline - time.monotonic()
+            if wait <= 0:
                 stopped = stop(self.procs)
                 self.say(
                     f"timed out after {self.timeout:g} s (--timeout); stopped processes {stopped}"
                 )
                 return 124, 0
-            time.sleep(POLL)
+            try:  # bounded, so that a signal to the launcher is handled promptly
+                ended.append(self.exits.get(timeout=min(wait, 0.5)))
+            except queue.Empty:
+                continue
+            if ended[-1].failed:
+                return self.failed(ended)
+        return 0, 0
+
+    def failed(self, ended: list[Exit]) -> tuple[int, int]:
+        """Stop the rest, gather every end, and say who failed first and who followed."""
+        halt = time.monotonic()
+        stopped = stop(self.procs)
+        with contextlib.suppress(queue.Empty):  # stop() ended them all: their waiters report
+            while len(ended) < len(self.procs):
+                ended.append(self.exits.get(timeout=STOP_GRACE))
+        reported = [int(name) for name in os.listdir(self.lost_dir) if name.isdigit()]
+        failure = Failure.of(ended, halt=halt, stopped=stopped, reported=reported)
+        for e in (failure.first, *failure.followers):  # last words first
+            for thread in self.pumps[e.index]:
+                thread.join(timeout=1.0)
+        self.say(failure.describe())
+        return failure.code, len(failure.lost)
 
     def end(self) -> None:
         """Stop this run's children and let their output drain (bounded)."""
@@ -195,6 +217,11 @@ class Job:
             thread.join(timeout=STOP_GRACE)
         self.procs.clear()
         self.pumps.clear()
+
+    def close(self) -> None:
+        """End the last run and remove the job's report folder."""
+        self.end()
+        shutil.rmtree(self.reports, ignore_errors=True)
 
 
 def _spawn(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

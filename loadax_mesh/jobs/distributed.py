@@ -24,6 +24,7 @@ from .launch_env import (
     ENV_COORDINATOR,
     ENV_DEVICES_PER_PROCESS,
     ENV_INIT_TIMEOUT,
+    ENV_LOST_DIR,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
     ENV_RESTART,
@@ -31,6 +32,7 @@ from .launch_env import (
     child_env,
     launched,
     launcher_env,
+    report_hardware_lost,
     restart_count,
     with_device_count,
 )
@@ -42,6 +44,7 @@ __all__ = [
     "ENV_COORDINATOR",
     "ENV_DEVICES_PER_PROCESS",
     "ENV_INIT_TIMEOUT",
+    "ENV_LOST_DIR",
     "ENV_NUM_PROCESSES",
     "ENV_PROCESS_ID",
     "ENV_RESTART",
@@ -52,6 +55,7 @@ __all__ = [
     "launched",
     "launcher_env",
     "main",
+    "report_hardware_lost",
     "restart_count",
     "with_device_count",
 ]

@@ -20,6 +20,7 @@ ENV_PROCESS_ID = "LOADAX_MESH_PROCESS_ID"
 ENV_DEVICES_PER_PROCESS = "LOADAX_MESH_DEVICES_PER_PROCESS"
 ENV_INIT_TIMEOUT = "LOADAX_MESH_INIT_TIMEOUT"
 ENV_RESTART = "LOADAX_RESTART"  # 0 on the first run, then 1, 2, ... (launch --max-restarts)
+ENV_LOST_DIR = "LOADAX_MESH_LOST_DIR"  # where a child reports its own hardware lost
 
 _COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
@@ -33,10 +34,15 @@ def child_env(
     coordinator: str,
     init_timeout: int,
     restart: int = 0,
+    lost_dir: str | None = None,
 ) -> dict[str, str]:
     """The environment of child `index`: the launcher's settings, K CPU devices, unbuffered,
-    and which run of the job this is (`LOADAX_RESTART`: 0 first, then 1, 2, ...)."""
+    which run of the job this is (`LOADAX_RESTART`: 0 first, then 1, 2, ...) and the folder
+    where it reports its own hardware lost (`report_hardware_lost`)."""
     env = dict(base)
+    env.pop(ENV_LOST_DIR, None)  # a launcher's own, when launched by one, is not the child's
+    if lost_dir is not None:
+        env[ENV_LOST_DIR] = lost_dir
     env.update(
         {
             ENV_COORDINATOR: coordinator,
@@ -98,6 +104,20 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
     """Which run of the job this process belongs to: `LOADAX_RESTART` (0 when unset)."""
     env_map: Mapping[str, str] = os.environ if env is None else env
     return _env_int(env_map, ENV_RESTART, low=0) if ENV_RESTART in env_map else 0
+
+
+def report_hardware_lost(env: Mapping[str, str] | None = None) -> bool:
+    """Tell `loadax-mesh launch` that this process's own devices are lost, before it exits:
+    a restart then drops it, as it drops the first process to fail, instead of starting it
+    again with the peers that failed after the first. False when not launched (no one to
+    tell); on a real cluster, its scheduler learns of lost hosts its own way."""
+    env_map: Mapping[str, str] = os.environ if env is None else env
+    settings, folder = launcher_env(env_map), env_map.get(ENV_LOST_DIR)
+    if settings is None or folder is None:
+        return False
+    with open(os.path.join(folder, str(settings.process_id)), "w"):
+        pass
+    return True
 
 
 def launched() -> bool:

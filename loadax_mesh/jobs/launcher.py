@@ -74,9 +74,11 @@ def launch(
 
     Elastic: when a process fails (a non-zero exit or a signal), the others are stopped and,
     while fewer than `max_restarts` restarts were made and at least `min_nprocs` processes are
-    left (one fewer per failed process), the job starts again on those, with `LOADAX_RESTART`
-    (0 on the first run) counting the runs, on a fresh coordinator port. `timeout` bounds all
-    runs together."""
+    left, the job starts again on those, with `LOADAX_RESTART` (0 on the first run) counting
+    the runs, on a fresh coordinator port. The job loses the process that failed first and any
+    that reported its hardware lost (`distributed.report_hardware_lost`); peers that failed
+    after the first (jax's runtime ends them when one dies) restart. `timeout` bounds all runs
+    together."""
     if isinstance(command, str) or not command or not all(isinstance(c, str) for c in command):
         raise MeshConfigError(
             f"command={command!r}; accepted: a non-empty list of strings, e.g. "
@@ -128,7 +130,7 @@ def launch(
         job.say(f"interrupted; stopped processes {stop(job.procs)}")
         return 130
     finally:
-        job.end()
+        job.close()
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
 
@@ -168,7 +170,8 @@ def _parser() -> argparse.ArgumentParser:
         prog=_PREFIX,
         description="Run CMD as N local processes of one jax.distributed job, each with K CPU "
         "devices (gloo collectives). Output lines carry the process index; a failing process "
-        "stops the others.",
+        "stops the others, and the launcher names the one that failed first and exits with its "
+        "code.",
     )
     add = parser.add_argument
     add("--nprocs", type=_int_arg(1), required=True, metavar="N", help="number of processes")
@@ -197,8 +200,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_int_arg(0),
         default=0,
         metavar="R",
-        help="when a process fails, start the job again on the processes left, up to R times "
-        "(LOADAX_RESTART=0, 1, ... tells each run which it is; default 0)",
+        help="when a process fails, start the job again without it, up to R times (peers that "
+        "fail after it restart; LOADAX_RESTART=0, 1, ... tells each run which it is; default 0)",
     )
     add(
         "--min-nprocs",
