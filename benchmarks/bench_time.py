@@ -11,7 +11,10 @@ program's roofline (`CompileReport.roofline_seconds`) beside the estimate's comp
 
 Logged steps: the TPU runs log their step; the A3 runs log TFLOP/s per device, converted here
 with the model FLOPs this estimate counts (6 per parameter and token plus causal attention, as
-MaxText counts them). Targets: every run within 25%; the MFU lost from 1 to 16 A3 hosts within
+MaxText counts them); MaxText's 2023 tables (part two) log TFLOP/s and MFU, converted with
+the FLOPs MaxText counted then (attention whole, not halved, in the v4 and v5e tables) over
+their MFU times the peak. `est/logged (shipped)` predicts with configs/calibration.toml's factor
+(fitted on part one alone). Targets: every run within 25%; the MFU lost from 1 to 16 A3 hosts within
 10 points of the logged loss.
 
     python benchmarks/bench_time.py [--fit] [--roofline] [--markdown]

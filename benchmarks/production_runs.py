@@ -8,7 +8,9 @@ hardware to compile; else the same); `model` (configs/models/<model>.toml); `pre
 arguments; `global_batch` for `hardware`) and `compile_batch` (for `compile_hardware`);
 `step_seconds` and `tflops_per_device` as logged (None where the source gives none); `source`;
 `notes` (what of the recipe this project's step does not express); GPU runs also
-`gpu_mem_fraction`, the share of GPU memory the run's script let jax's client take.
+`gpu_mem_fraction`, the share of GPU memory the run's script let jax's client take. Part two's
+runs (below) also carry `part` (2), and those of MaxText's 2023 tables `mfu` (as published) and
+`attention_flops` (how their trainer counted attention: "causal" or "noncausal").
 
 LLaMA-3.1 8B and 70B have LLaMA-3's shapes (configs/models/llama3-8b.toml, llama3-70b.toml,
 both seq 8192, as the runs' max_target_length). MaxText's custom remat names map onto a
