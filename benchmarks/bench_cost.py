@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,9 @@ from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.spec import parse_remat
 
 # (hardware, preset with optional overrides "preset:axis=size", model, global batch, remat
-# [, microbatches, logits chunks]); remat as the command line writes it
+# [, microbatches, logits chunks]); remat as the command line writes it; the model a catalogue
+# name, with field overrides after a colon ("maxtext-2023-16b:num_layers=4": fewer layers, to
+# compile in a minute)
 MAXTEXT_8B = "layer_input=offload,query=offload,key=offload,value=offload,out_proj=offload"
 MAXTEXT_70B = "layer_input=offload,query=offload,key=offload,value=offload"
 CASES: list[tuple[Any, ...]] = [
@@ -85,6 +88,12 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v5litepod-256", "mesh:fsdp=128,model=2", "llama3-8b", 512, "full", 1, 1),
     # choose_mesh's 405B pick on a full v5p pod (bench_choose): tensor 8 beside data over DCN
     ("tpu-v5p-17920", "mesh:data=35,fsdp=32,model=8", "llama3-405b", 4480, "dots_attention", 4, 1),
+    # MaxText's 2023 models (ReLU two-matrix MLP, MHA with head_dim 256, tied embeddings) as
+    # its v5e and v5p tables ran them, layers cut: 16B on v5e-256 (pdbs 6, full) and on 2
+    # slices; 32B on v5p-128 (fsdp 16 x tensor 4, pdbs 8, "minimal" = dots)
+    ("tpu-v5litepod-256", "fsdp", "maxtext-2023-16b:num_layers=4", 1536, "full"),
+    ("tpu-v5litepod-256-2", "fsdp", "maxtext-2023-16b:num_layers=4", 3072, "full"),
+    ("tpu-v5p-128", "mesh:fsdp=16,model=4", "maxtext-2023-32b:num_layers=2", 512, "dots"),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 
@@ -96,10 +105,17 @@ def compiled(case: tuple[Any, ...], plan: Any, cache: Path | None) -> dict[str, 
     path = None if cache is None else cache / ("_".join(map(str, case)) + ".json")
     if path is not None and path.exists():
         return json.loads(path.read_text())
-    report = compile_step(plan, ModelSpec.from_name(case[2]), train_of(case)).to_dict()
+    report = compile_step(plan, model_of(case), train_of(case)).to_dict()
     if path is not None:
         path.write_text(json.dumps(report))
     return report
+
+
+def model_of(case: tuple[Any, ...]) -> ModelSpec:
+    """A case's model: the catalogue's, with the integer fields written after a colon."""
+    name, _, overrides = case[2].partition(":")
+    fields = {k: int(v) for k, v in (item.split("=") for item in overrides.split(",") if item)}
+    return replace(ModelSpec.from_name(name), **fields)
 
 
 def train_of(case: tuple[Any, ...]) -> TrainSpec:
@@ -148,10 +164,9 @@ def clusters(report: dict[str, Any], axes: list[str]) -> list[tuple[str, ...]]:
 
 
 def compare(case: tuple[Any, ...], cache: Path | None) -> dict[str, Any]:
-    hardware, preset, name = case[:3]
+    hardware, preset = case[:2]
     plan = config(preset).plan(topology_devices(hardware))
-    model = ModelSpec.from_name(name)
-    est = estimate(plan, model, train_of(case))
+    est = estimate(plan, model_of(case), train_of(case))
     start = time.perf_counter()
     report = compiled(case, plan, cache)
     rows = []

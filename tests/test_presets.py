@@ -134,8 +134,10 @@ _SHARDING_AXES = ("fsdp", "shard", "model")
 
 @pytest.mark.parametrize("name", ["fsdp", "hsdp", "fsdp_tp", "pipeline_fsdp_tp"])
 def test_a_preset_default_on_catalogue_hardware_shards_every_catalogue_model(name):
-    """Every catalogue model the reference step builds (MoE, latent-attention and two-matrix
-    models are refused by it, and some have a d_model no power of two above 1024 divides)."""
+    """Every catalogue model the reference step builds (it refuses MoE and latent-attention
+    models) whose d_model divides by 4096, the largest FSDP degree a preset gives on catalogue
+    hardware (v4-8192); MaxText's 2023 models (d_model 5120 to 20480: 1024 or 2048 times an odd
+    number) shard over the slices their tables ran on, not over every pod."""
     from loadax_mesh.workload.layout import check_modelled
     from loadax_mesh.workload.spec import list_models
 
@@ -145,7 +147,8 @@ def test_a_preset_default_on_catalogue_hardware_shards_every_catalogue_model(nam
             check_modelled(m)
         except MeshConfigError:
             continue
-        models.append(m)
+        if m.d_model % 4096 == 0:
+            models.append(m)
     assert {m.name for m in models} >= {"llama2-7b", "llama3-8b", "llama3-70b", "llama3-405b"}
     config = MeshConfig.from_preset(name)
     bad = []

@@ -196,8 +196,10 @@ def estimate_parts(
 
 def op_flops(model: ModelSpec) -> dict[str, float]:
     """FLOPs per token of the op producing each named tensor of a layer (2 per weight; causal
-    attention: half of 4 * seq * heads * head_dim); norms, rotary and activations count 0."""
+    attention: half of 4 * seq * heads * head_dim; the MLP's input: SwiGLU's gate and up, or a
+    two-matrix MLP's up); norms, rotary and activations count 0."""
     d, hd, f = model.d_model, model.head_dim, model.d_ff
+    inputs = 2 if model.mlp == "swiglu" else 1
     h, kv = model.num_heads, model.num_kv_heads
     return {
         "layer_input": 0.0,
@@ -206,7 +208,7 @@ def op_flops(model: ModelSpec) -> dict[str, float]:
         "value": 2.0 * d * kv * hd,
         "attention_out": 2.0 * model.seq_len * h * hd,
         "out_proj": 2.0 * h * hd * d,
-        "mlp_in": 4.0 * d * f,
+        "mlp_in": 2.0 * inputs * d * f,
         "mlp_out": 2.0 * f * d,
     }
 

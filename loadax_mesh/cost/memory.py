@@ -121,11 +121,15 @@ def _intermediates(
         "attention logsumexp": ((r, sh.heads, s), 4),
         "attention projection": ((r, s, d), cd),
         "mlp norm": ((r, s, d), cd),
-        "gate": ((r, s, sh.mlp), cd),
         "up": ((r, s, sh.mlp), cd),
-        "gated": ((r, s, sh.mlp), cd),
         "down": ((r, s, d), cd),
     }
+    # SwiGLU: the gate projection and the gated product (silu(gate) * up); a two-matrix MLP:
+    # its activation's output (relu or gelu of up), the down projection's input.
+    if model.mlp == "swiglu":
+        found |= {"gate": ((r, s, sh.mlp), cd), "gated": ((r, s, sh.mlp), cd)}
+    else:
+        found["activated"] = ((r, s, sh.mlp), cd)
     # The step normalises in float32: the backward pass of each norm holds its input widened.
     found |= {"attention norm input": ((r, s, d), 4), "mlp norm input": ((r, s, d), 4)}
     if roles.size("model") > 1:  # the norms' outputs gathered whole for the matmuls
@@ -158,7 +162,8 @@ _WORKING = {"full": 2, "dots": 1, "none": 1, "offload": 2}
 
 # The intermediates each named tensor of a layer (workload.spec.TENSORS) is, as the step names
 # them with checkpoint_name: the projections' outputs before the rotary embedding, the attention
-# kernel's output, the output projection, the MLP's gate and up projections, its down projection.
+# kernel's output, the output projection, the MLP's input projections (SwiGLU's gate and up; a
+# two-matrix MLP's up alone), its down projection.
 PARTS = {
     "layer_input": ("input",),
     "query": ("q",),
@@ -172,13 +177,17 @@ PARTS = {
 
 
 def _kept(
-    train: TrainSpec, found: dict[str, tuple[tuple[int, ...], int]], where: str, kernel: str
+    train: TrainSpec,
+    found: dict[str, tuple[tuple[int, ...], int]],
+    where: str,
+    kernel: str,
+    mlp: str,
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """The intermediates the recipe keeps `where` ("device" or "offload") for the backward
     pass: the named tensors it places there, or under "none" (no checkpoint) what autodiff
     itself saves (`_residuals`)."""
     if train.remat == "none":
-        return _residuals(found, kernel) if where == "device" else {}
+        return _residuals(found, kernel, mlp) if where == "device" else {}
     return {
         n: found[n]
         for t, p in train.placements.items()
@@ -188,25 +197,40 @@ def _kept(
     }
 
 
+# The MLP's named intermediates autodiff keeps (_residuals), by ModelSpec.mlp.
+_MLP_RESIDUALS = {
+    "swiglu": ("gate", "up", "gated"),
+    "relu": ("activated",),
+    "gelu": ("up", "activated"),
+}
+
+
 def _residuals(
-    found: dict[str, tuple[tuple[int, ...], int]], kernel: str
+    found: dict[str, tuple[tuple[int, ...], int]], kernel: str, mlp_kind: str
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """What jax's autodiff saves of one layer when nothing is checkpointed: each operation's
     residuals, not the named tensors. Each norm keeps its float32 input and normalised value
     and its output (the projections' input); attention its operands (keys and values gathered
     along the sequence where it is split) and output, splash also its output in the kernel's
     layout and its log-sum-exp; the SwiGLU its gate and up projections, the sigmoid and its
-    slope, the SiLU and the product. The rotary embedding (linear), the output and down
-    projections and the residual adds (their outputs only feed adds) keep nothing. As the TPU
+    slope, the SiLU and the product; a ReLU MLP its activation (the down projection's input)
+    and the sign of its input (a byte an element); a GELU MLP its input, its tanh and its
+    activation. The rotary embedding (linear), the output and down projections and the
+    residual adds (their outputs only feed adds) keep nothing. As the TPU
     compiler's buffers show them (LLaMA-3 70B, v5p-1024, fsdp 128 x seq 4: six [layers, rows,
     seq, d_ff] stacks, four float32 [.., d_model], two compute-dtype [.., d_model])."""
     f32: tuple[tuple[int, ...], int] = (found["input"][0], 4)
-    mlp = found["gate"]
+    mlp = found["up"]
     kv = ("gathered k", "gathered v") if "gathered k" in found else ("rotated k", "v")
     names = ["attention norm input", "attention norm", "mlp norm input", "mlp norm"]
-    names += ["rotated q", *kv, "attention", "gate", "up", "gated"]
+    names += ["rotated q", *kv, "attention", *_MLP_RESIDUALS[mlp_kind]]
     extra: dict[str, tuple[tuple[int, ...], int]] = {"attention normed": f32, "mlp normed": f32}
-    extra |= {"sigmoid": mlp, "sigmoid slope": mlp, "silu": mlp}
+    if mlp_kind == "swiglu":
+        extra |= {"sigmoid": mlp, "sigmoid slope": mlp, "silu": mlp}
+    elif mlp_kind == "relu":
+        extra["relu sign"] = (mlp[0], 1)
+    else:
+        extra["gelu tanh"] = mlp
     if kernel in ("splash", "cudnn"):  # kept as [rows, heads, seq], not as splash writes it
         lse_shape = found["attention logsumexp"][0]
         extra["attention logsumexp"] = (lse_shape[:3], 4)
@@ -234,7 +258,7 @@ def layer_bytes(
     else all of them, as temporaries of the layer being differentiated, which the compiler lays
     out freely. `kernel` is the attention kernel the step runs (`HardwareProfile.attention`)."""
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
-    keep = _kept(train, found, where, kernel) if saved else found
+    keep = _kept(train, found, where, kernel, model.mlp) if saved else found
     return sum(
         stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
         for name, (shape, nbytes) in keep.items()
@@ -282,8 +306,8 @@ def memory_terms(
     """Every device term in bytes per device of `device`'s hardware; `phases` says which of
     them are live at once. Where the batch spans TPU slices, the embedding tables' gradients
     wait for the reduction across slices (the hosts' megascale transfers, at the end of the
-    step): both tables and both gradients are held (`batch_across_granules`; GPUs reduce across
-    hosts as they go)."""
+    step): both tables and both gradients are held, or the one table and its gradient when tied
+    (`batch_across_granules`; GPUs reduce across hosts as they go)."""
     tile, kernel = device.tile, attention_kernel(train.attention, device.platform)
     dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
     held = device.traits.holds_reduced_gradients
@@ -340,7 +364,9 @@ def _fixed_terms(
         # float32 one. XLA's GPU pipeline reduces each layer's shards inside the loop (a bf16
         # all-reduce per layer in the loop body), so no stacked set is held there.
         ("reduced gradients", shard_bytes(model, roles, cd, tile) * _dp(roles) * holds_reduced),
-        ("embeddings", (4 if held_tables else 2) * table),
+        # The gathered unembedding and its gradient; both tables and both gradients where
+        # they wait for the reduction across slices. Tied: the one table and its gradient.
+        ("embeddings", (4 if held_tables and not model.tied_embeddings else 2) * table),
     )
 
 

@@ -8,9 +8,10 @@
   jax's splash kernels, whose dq and dkv kernels each recompute the scores: 14 FLOPs per
   pair and head_dim against the forward's 4; GPU: cuDNN's fused backward, 10), at the same
   efficiency, or its operands' bytes where that is longer.
-- Memory-bound operations at HBM bandwidth: a layer's norms, rotary, SwiGLU gate and residual
-  adds (forward, backward, and the forward again where a tensor is recomputed), the loss over
-  the vocabulary and the optimizer's update of every parameter shard.
+- Memory-bound operations at HBM bandwidth: a layer's norms, rotary, MLP activation (SwiGLU's
+  gate, or a two-matrix MLP's ReLU or GELU) and residual adds (forward, backward, and the
+  forward again where a tensor is recomputed), the loss over the vocabulary and the
+  optimizer's update of every parameter shard.
 - Collectives (cost/traffic.py): those inside a granule that overlap hide behind the compute;
   those that feed the next operation are exposed; every collective across granules (DCN, the
   scale-out network) is exposed. The measured runs say so: MaxText's LLaMA-2 7B on A3 hosts
@@ -100,13 +101,15 @@ def step_time(
         result's bytes at HBM bandwidth (a matmul too thin for the matrix units)."""
         return max(2.0 * tokens * k * n / rate, (tokens * k + k * n + tokens * n) * act / hbm)
 
-    # A layer's projections, forward; SwiGLU's input is two matmuls (gate and up).
+    # A layer's projections, forward; SwiGLU's input is two matmuls (gate and up), a
+    # two-matrix MLP's one (up).
+    inputs = 2 if model.mlp == "swiglu" else 1
     projections = {
         "query": matmul(d_model, q_width),
         "key": matmul(d_model, kv_width),
         "value": matmul(d_model, kv_width),
         "out_proj": matmul(q_width, d_model),
-        "mlp_in": 2 * matmul(d_model, d_ff),
+        "mlp_in": inputs * matmul(d_model, d_ff),
         "mlp_out": matmul(d_ff, d_model),
     }
     fwd_pair, bwd_pair = _ATTENTION.get(facts.traits.fused_attention, _ATTENTION["cudnn"])
@@ -132,7 +135,7 @@ def step_time(
 
     # Memory-bound operations at HBM bandwidth: a layer's bytes per token, each pass, and the
     # loss's; the optimizer's update per parameter.
-    fwd_elements, bwd_elements = _layer_elementwise(stream, q_width, kv_width, d_ff)
+    fwd_elements, bwd_elements = _layer_elementwise(stream, q_width, kv_width, d_ff, model.mlp)
     elementwise_fwd, elementwise_bwd = fwd_elements * act, bwd_elements * act
     again = elementwise_fwd if recomputed or attention_again else 0  # the forward recomputed
     loss = _logits_accesses(chunked) * vocab * act
@@ -178,17 +181,22 @@ def calibration(name: str, platform: Platform) -> float:
     return float(entry["value"])
 
 
-def _layer_elementwise(stream: int, q_width: int, kv_width: int, d_ff: int) -> tuple[int, int]:
+def _layer_elementwise(
+    stream: int, q_width: int, kv_width: int, d_ff: int, mlp: str
+) -> tuple[int, int]:
     """Activation elements a layer's memory-bound operations read and write per token, forward
     and backward. Forward: two RMSNorms (each reads the stream and writes it), two residual
-    adds (each reads two streams, writes one), rotary (q and k read and written), the SwiGLU
-    gate (gate and up read, their product written). Backward: each norm reads its input and
+    adds (each reads two streams, writes one), rotary (q and k read and written), the MLP's
+    activation: the SwiGLU gate (gate and up read, their product written), a two-matrix MLP's
+    ReLU or GELU (up read, its activation written). Backward: each norm reads its input and
     its output's gradient and writes its input's, each add reads the two gradients it sums and
     writes the sum, rotary reads and writes the gradients of q and k, the gate reads gate, up
-    and the product's gradient and writes the gradients of gate and up."""
+    and the product's gradient and writes the gradients of gate and up, a ReLU or GELU reads up
+    (or its sign) and the activation's gradient and writes up's."""
     rotary = 2 * (q_width + kv_width)
-    norms_fwd, adds_fwd, gate_fwd = 2 * (stream + stream), 2 * (2 * stream + stream), 3 * d_ff
-    norms_bwd, adds_bwd, gate_bwd = 2 * 3 * stream, 2 * 3 * stream, 5 * d_ff
+    gate_fwd, gate_bwd = (3 * d_ff, 5 * d_ff) if mlp == "swiglu" else (2 * d_ff, 3 * d_ff)
+    norms_fwd, adds_fwd = 2 * (stream + stream), 2 * (2 * stream + stream)
+    norms_bwd, adds_bwd = 2 * 3 * stream, 2 * 3 * stream
     return norms_fwd + adds_fwd + rotary + gate_fwd, norms_bwd + adds_bwd + rotary + gate_bwd
 
 

@@ -43,7 +43,8 @@ MESH_AXES = (
 # Our role -> MaxText's axis and the word its ici_/dcn_ keys use.
 _ROLE_AXIS = {"fsdp": "fsdp", "model": "tensor", "seq": "context"}
 # Our named tensors -> MaxText's `custom` remat keys (checkpoint_name in its llama2 decoder
-# layer, attentions.py and linears.py); mlp_in is both SwiGLU inputs, wi_0 and wi_1.
+# layer, attentions.py and linears.py); mlp_in is both SwiGLU inputs, wi_0 and wi_1 (a
+# two-matrix MLP's one input is wi: TWO_MATRIX_MLP_IN).
 REMAT_KEYS = {
     "layer_input": ("decoder_layer_input",),
     "query": ("query_proj",),
@@ -54,7 +55,12 @@ REMAT_KEYS = {
     "mlp_in": ("mlpwi_0", "mlpwi_1"),
     "mlp_out": ("mlpwo",),
 }
+TWO_MATRIX_MLP_IN = ("mlpwi",)
 _PLACEMENT = {"recompute": "remat", "device": "device", "offload": "offload"}
+# ModelSpec.mlp -> MaxText's mlp_activations (linears.py's MlpBlock: one activation is a
+# two-matrix MLP, "silu" times "linear" SwiGLU; its "gelu" is flax's tanh approximation, as the
+# step's).
+MLP_ACTIVATIONS = {"swiglu": "['silu','linear']", "relu": "['relu']", "gelu": "['gelu']"}
 # Our models that MaxText ships under the same name (src/maxtext/configs/models/*.yml).
 MODELS = ("llama2-7b", "llama3-8b", "llama3-70b", "llama3-405b")
 
@@ -124,18 +130,20 @@ def _batch(plan: PlanView, train: TrainSpec) -> str:
     return str(int(value)) if value == int(value) else repr(value)
 
 
-def _remat(train: TrainSpec) -> dict[str, str]:
+def _remat(train: TrainSpec, model: ModelSpec | None) -> dict[str, str]:
     if train.remat == "full":
         return {"remat_policy": "full"}
     keys = {"remat_policy": "custom"}
+    two_matrix = model is not None and model.mlp != "swiglu"
     for tensor, placement in train.placements.items():
-        for key in REMAT_KEYS[tensor]:
+        names = TWO_MATRIX_MLP_IN if two_matrix and tensor == "mlp_in" else REMAT_KEYS[tensor]
+        for key in names:
             keys[key] = _PLACEMENT[placement]
     return keys
 
 
 def _model(model: ModelSpec) -> dict[str, str]:
-    check_modelled(model, by="the MaxText export")  # its keys below spell a dense Llama
+    check_modelled(model, by="the MaxText export")  # its keys below spell a dense model
     keys = {"max_target_length": str(model.seq_len)}
     if model.name in MODELS:
         return {"model_name": model.name, **keys}
@@ -147,7 +155,10 @@ def _model(model: ModelSpec) -> dict[str, str]:
         "base_num_kv_heads": str(model.num_kv_heads),
         "head_dim": str(model.head_dim),
         "vocab_size": str(model.vocab_size),
+        "mlp_activations": MLP_ACTIVATIONS[model.mlp],
         "logits_via_embedding": str(model.tied_embeddings).lower(),
+        # MaxText divides tied logits by sqrt(d_model) unless told not to; the step does not.
+        **({"normalize_embedding_logits": "false"} if model.tied_embeddings else {}),
         "enable_dropout": "false",
         **keys,
     }
@@ -183,7 +194,7 @@ def to_maxtext(
             "attention": {"splash": "flash", "cudnn": "cudnn_flash_te"}.get(
                 attention, "dot_product"
             ),
-            **_remat(train),
+            **_remat(train, model),
             **({} if model is None else _model(model)),
         }
     )

@@ -105,27 +105,29 @@ def splash_blocks(seq_len: int, r: Roles) -> tuple[int, int]:
 
 
 # The shape the reference step builds, and with it the cost model prices: every layer dense,
-# SwiGLU, grouped-query attention. (num_heads * head_dim may differ from d_model: the step's
-# projections take heads and head_dim apart.)
-MODELLED = (("num_experts", 0), ("attention", "gqa"), ("mlp", "swiglu"))
+# grouped-query attention, any of ModelSpec's MLPs (SwiGLU, or two matrices with ReLU or GELU).
+# (num_heads * head_dim may differ from d_model: the step's projections take heads and head_dim
+# apart; tied embeddings are one table, looked up and transposed for the logits.)
+MODELLED = (("num_experts", 0), ("attention", "gqa"))
 
 
 def check_modelled(model: ModelSpec, by: str = "the reference step and the cost model") -> None:
     """A MeshConfigError for a model whose layers `by` do not build yet (experts, latent
-    attention, a two-matrix MLP): refused, not priced or compiled as a model it is not."""
+    attention): refused, not priced or compiled as a model it is not."""
     accepted = ", ".join(f"{f}={v!r}" for f, v in MODELLED)
     for field, built in MODELLED:
         value = getattr(model, field)
         if value != built:
             raise MeshConfigError(
                 f"model {model.name!r}: {field}={value!r} is not modelled yet by {by}; "
-                f"accepted: dense SwiGLU GQA models ({accepted})"
+                f"accepted: dense GQA models ({accepted})"
             )
 
 
 def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]:
     """Every parameter: its shape and logical axes. Layer weights are stacked on a leading
-    `num_layers` dim (the scan runs over it)."""
+    `num_layers` dim (the scan runs over it). A two-matrix MLP has no gate; tied embeddings
+    no unembedding."""
     check_modelled(model)
     m = model
     L, D, F, hd = m.num_layers, m.d_model, m.d_ff, m.head_dim
@@ -138,7 +140,7 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]
         "layers/wv": ((L, D, m.num_kv_heads, hd), (None, "embed", "kv_heads", None)),
         "layers/wo": ((L, m.num_heads, hd, D), (None, "heads", None, "embed")),
         "layers/mlp_norm": ((L, D), (None, None)),
-        "layers/w_gate": ((L, D, F), (None, "embed", "mlp")),
+        **({"layers/w_gate": ((L, D, F), (None, "embed", "mlp"))} if m.mlp == "swiglu" else {}),
         "layers/w_up": ((L, D, F), (None, "embed", "mlp")),
         "layers/w_down": ((L, F, D), (None, "mlp", "embed")),
     }

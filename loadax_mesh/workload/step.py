@@ -1,9 +1,10 @@
 """The reference training step in plain jax: a decoder-only LM (docs/design.md section 7).
 
-Embedding, RMSNorm, grouped-query attention with a causal mask and rotary positions, SwiGLU
-MLP, layers under `lax.scan` with a remat policy, cross-entropy in float32, Adam, and the
-recipe of TrainSpec: each named tensor of a layer recomputed, saved on the device or offloaded
-to host memory; gradients accumulated over micro-batches; the loss over chunks. Parameters,
+Embedding (one table for the logits too when tied), RMSNorm, grouped-query attention with a
+causal mask and rotary positions, an MLP (SwiGLU, or two matrices with ReLU or GELU between),
+layers under `lax.scan` with a remat policy, cross-entropy in float32, Adam, and the recipe of
+TrainSpec: each named tensor of a layer recomputed, saved on the device or offloaded to host
+memory; gradients accumulated over micro-batches; the loss over chunks. Parameters,
 Adam moments and activations are sharded by the logical rules of `layout`. Inputs can be
 `jax.ShapeDtypeStruct`s (to compile for thousands of devices without allocating) or real
 arrays (to train on this machine's devices).
@@ -32,6 +33,8 @@ _EPS = 1e-8
 _NORM_EPS = 1e-5
 
 Params = dict[str, Any]
+# A two-matrix MLP's activation (jax's GELU is the tanh approximation, as flax's and MaxText's).
+_ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
 
 
 @dataclass(frozen=True, eq=False)
@@ -219,9 +222,13 @@ class Step:
         out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
         x = jax.lax.with_sharding_constraint(x + out, act)
         h = _rms_norm(x, p["mlp_norm"])
-        gate = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt)), "mlp_in")
         up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
-        down = jnp.einsum("bsf,fd->bsd", jax.nn.silu(gate) * up, p["w_down"].astype(cdt))
+        if self.model.mlp == "swiglu":
+            gate = jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt))
+            hidden = jax.nn.silu(checkpoint_name(gate, "mlp_in")) * up
+        else:
+            hidden = _ACTIVATIONS[self.model.mlp](up)
+        down = jnp.einsum("bsf,fd->bsd", hidden, p["w_down"].astype(cdt))
         x = x + checkpoint_name(down, "mlp_out")
         return jax.lax.with_sharding_constraint(x, act), None
 

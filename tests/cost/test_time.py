@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.estimate import estimate_parts, plan_parts
+from loadax_mesh.cost.estimate import estimate_parts, op_flops, plan_parts
 from loadax_mesh.cost.time import calibration
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
@@ -111,3 +113,36 @@ def test_an_axis_over_ici_and_dcn_sends_its_ici_share_across_granules() -> None:
     expected = moved / facts.dcn_bandwidth + runs * facts.need("dcn_latency")
     assert fsdp.dcn_seconds == pytest.approx(expected)
     assert e.time.across_granules == pytest.approx(fsdp.dcn_seconds)
+
+
+def test_a_two_matrix_tied_model_with_wide_heads_counted_by_hand() -> None:
+    """MaxText's 2023 shape at LONG's size: ReLU two-matrix MLP (one input matmul, no gate),
+    multi-head attention with q width 2 x d_model, one embedding table."""
+    wide = replace(LONG, num_kv_heads=32, head_dim=256, tied_embeddings=True, mlp="relu")
+    gated = replace(wide, mlp="swiglu")
+    train = TrainSpec(global_batch=64, remat="none")
+    e, swiglu = (estimate(plan("tpu-v5p-16"), m, train) for m in (wide, gated))
+    k = calibration("compute_efficiency", "tpu")
+    d, f, h, hd, L, V = 4096, 16384, 32, 256, 4, 32768
+    tokens = 8 * 4096  # 8 rows a device
+    layer = 2 * d * (h + 2 * h) * hd + 2 * h * hd * d + 2 * 2 * d * f  # up and down only
+    assert e.time.matmul == pytest.approx(3 * tokens * (L * layer + 2 * d * V) / (PEAK * k))
+    assert (op_flops(wide)["mlp_in"], op_flops(gated)["mlp_in"]) == (2 * d * f, 4 * d * f)
+    # The activation a token: ReLU reads up and writes its output, then reads up's sign and the
+    # output's gradient and writes up's (5 d_ff); SwiGLU 3 + 5. The gate's weights: Adam's 28
+    # bytes each (float32 parameter, gradient and moments) over the 8 shards.
+    activation = tokens * L * (8 - 5) * f * 2
+    update = L * d * f / 8 * 28
+    gap = (swiglu.time.memory_bound - e.time.memory_bound) * HBM
+    assert gap == pytest.approx(activation + update)
+    # One table: the step's parameters hold it once, the head's matmul reads it as its weights.
+    assert gated.num_params - wide.num_params == L * d * f
+    assert e.terms["params"] < swiglu.terms["params"]
+    # Across slices the untied step holds both tables and both gradients for the reduction
+    # over DCN; the tied one its one table and its gradient.
+    two = plan("tpu-v5p-16-2")
+    tied, untied = (
+        estimate(two, m, replace(train, global_batch=128)).terms["embeddings"]
+        for m in (wide, replace(wide, tied_embeddings=False))
+    )
+    assert untied == 2 * tied == 4 * V * d * 2

@@ -67,6 +67,28 @@ def test_a_model_maxtext_does_not_ship_is_written_as_its_shape() -> None:
     assert (keys["base_emb_dim"], keys["base_num_kv_heads"], keys["head_dim"]) == ("128", "4", "16")
 
 
+def test_a_two_matrix_tied_model_is_written_with_its_activation_and_one_table() -> None:
+    """MaxText's 2023 16B as its MlpBlock and embedding spell it: one activation (relu: w_up
+    is MaxText's `wi`, remat key mlpwi), logits through the embedding, not divided by
+    sqrt(d_model) as MaxText's default does and the step does not."""
+    model = ModelSpec.from_name("maxtext-2023-16b")
+    train = TrainSpec(global_batch=256, remat="dots")
+    keys = _plan("fsdp", "tpu-v5litepod-256").to_maxtext(train, model=model, order=False).keys
+    assert keys["mlp_activations"] == "['relu']" and keys["logits_via_embedding"] == "true"
+    assert keys["normalize_embedding_logits"] == "false"
+    assert keys["mlpwi"] == keys["mlpwo"] == "device" and "mlpwi_0" not in keys
+    assert (keys["base_num_query_heads"], keys["head_dim"], keys["base_emb_dim"]) == (
+        "32",
+        "256",
+        "5120",
+    )
+    llama = _plan("fsdp", "tpu-v5litepod-8").to_maxtext(
+        TrainSpec(global_batch=8), model=ModelSpec.from_name("tiny"), order=False
+    )
+    assert llama.keys["mlp_activations"] == "['silu','linear']"
+    assert "normalize_embedding_logits" not in llama.keys
+
+
 def test_sequence_parallel_is_maxtext_context_and_is_said_to_be_approximate() -> None:
     config = _plan("dp_sp", "tpu-v5litepod-8").to_maxtext(TrainSpec(global_batch=4), order=False)
     assert config.keys["ici_context_parallelism"] == "4"

@@ -1,6 +1,7 @@
-"""Model shapes beyond the dense Llama: experts, latent attention, two-matrix MLPs; their
-parameter counts against what their publishers state; and the refusal of the reference step,
-the cost model and the MaxText export to build what they do not model yet."""
+"""Model shapes beyond the dense Llama: experts, latent attention, two-matrix MLPs, tied
+embeddings, heads wider than d_model; their parameter counts against what their publishers
+state; the reference step training the dense ones; and the refusal of the reference step, the
+cost model and the MaxText export to build what they do not model yet."""
 
 from __future__ import annotations
 
@@ -226,8 +227,6 @@ def test_train_spec_moe_defaults():
 UNMODELLED = {
     "num_experts=8": ModelSpec.from_name("mixtral-8x7b"),
     "attention='mla'": ModelSpec(**{**GOOD, **MLA, "vocab_size": 128, "seq_len": 128}),
-    "mlp='relu'": ModelSpec.from_name("maxtext-2023-32b"),
-    "mlp='gelu'": ModelSpec.from_name("gpt3-175b"),
 }
 
 
@@ -252,11 +251,34 @@ def test_what_the_step_and_cost_model_do_not_build_is_refused(field):
         plan.to_maxtext(train, model=model, order=False)
 
 
-def test_heads_wider_than_d_model_train_on_the_reference_step():
-    """num_heads * head_dim = 256 against d_model 128: the step's projections keep heads and
-    head_dim apart, so it builds, shards and trains such a model as it is."""
-    model = replace(ModelSpec.from_name("tiny"), name="wide", head_dim=32)
-    assert model.num_heads * model.head_dim == 2 * model.d_model
+# MaxText's 2023 models in miniature: multi-head attention with heads twice as wide as d_model,
+# tied embeddings, a two-matrix MLP; and a SwiGLU model with wide heads.
+MINIATURES = {
+    "relu": replace(
+        ModelSpec.from_name("tiny"),
+        name="tiny-2023",
+        num_kv_heads=8,
+        head_dim=32,
+        tied_embeddings=True,
+        mlp="relu",
+    ),
+    "gelu": replace(
+        ModelSpec.from_name("tiny"), name="tiny-gelu", tied_embeddings=True, mlp="gelu"
+    ),
+    "swiglu": replace(ModelSpec.from_name("tiny"), name="wide", head_dim=32),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(MINIATURES))
+def test_two_matrix_tied_and_wide_head_models_train_on_the_reference_step(kind):
+    """The step builds each model as it is (no gate in a two-matrix MLP, one table when tied,
+    projections that keep heads and head_dim apart), shards it over fsdp x tensor and trains it
+    to the losses of one device."""
+    model = MINIATURES[kind]
+    names = set(param_shapes(model))
+    assert ("layers/w_gate" in names) == (kind == "swiglu")
+    assert ("unembed" in names) == (not model.tied_embeddings)
     assert sum(int(np.prod(s)) for s, _ in param_shapes(model).values()) == model.num_params
     losses = []
     single = MeshConfig((1,), ("data",)).plan(jax.devices()[:1])
