@@ -90,19 +90,27 @@ def moe_mlp(
     mlp = roles.model if roles.size("model") > 1 else None
     batch = roles.mesh_axes(("batch",))[0]
     tokens = P(batch, roles.seq, None)
+    # The weights come in as they are stored, and are gathered inside (their gradients leave
+    # reduce-scattered): the router's d_model, and the experts' d_model over fsdp (with an
+    # expert axis) or their expert dim over fsdp (without one).
+    router = roles.mesh_axes(("embed", None))
+    w_in = roles.mesh_axes(("exp", "embed_no_exp", "mlp"))
+    w_out = roles.mesh_axes(("exp", "mlp", "embed_no_exp"))
+    gathers = (router[0], None if w_in[0] == roles.expert else w_in[0], w_in[1])
     local = partial(
         _local,
         model=model,
         train=train,
         ep=ep,
         axes=(exp, mlp, roles.batch, roles.seq),
+        gathers=gathers,
     )
     routed = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(tokens, P(), P(exp, None, mlp), P(exp, None, mlp), P(exp, mlp, None)),
+        in_specs=(tokens, P(*router), P(*w_in), P(*w_in), P(*w_out)),
         out_specs=P(batch, roles.seq, mlp),
-    )(h, p["router"], *(p[w].astype(cdt) for w in ("we_gate", "we_up", "we_down")))
+    )(h, *(p[w].astype(cdt) for w in ("router", "we_gate", "we_up", "we_down")))
     if not model.num_shared_experts:
         return routed
     gate = jnp.einsum("bsd,df->bsf", h, p["ws_gate"].astype(cdt))
@@ -121,10 +129,17 @@ def _local(
     train: TrainSpec,
     ep: int,
     axes: tuple[str | None, str | None, tuple[str, ...], str | None],
+    gathers: tuple[Any, Any, Any],
 ) -> jax.Array:
     """One device's share of the block: its tokens [b, s, d] routed, dispatched, computed by
-    the experts and combined; partial over the tensor axis until reduce-scattered."""
+    the experts and combined; partial over the tensor axis until reduce-scattered. `gathers`:
+    the mesh axes over which the router's d_model, and the experts' expert dim and d_model,
+    are gathered."""
     exp, mlp, batch_axes, seq = axes
+    by_router, by_expert, by_d = gathers
+    router = _gather(router, by_router, 0)
+    w_gate, w_up = (_gather(_gather(w, by_expert, 0), by_d, 1) for w in (w_gate, w_up))
+    w_down = _gather(_gather(w_down, by_expert, 0), by_d, 2)
     b, s, d = x.shape
     k, n = model.experts_per_token, model.num_experts
     flat_x = x.reshape(b * s, d)
@@ -145,6 +160,11 @@ def _local(
     if mlp is not None:
         y = jax.lax.psum_scatter(y, mlp, scatter_dimension=2, tiled=True)
     return y
+
+
+def _gather(w: jax.Array, axes: Any, dim: int) -> jax.Array:
+    """`w` whole along `dim` over `axes` (a mesh axis, a tuple of them, or None: as it is)."""
+    return w if not axes else jax.lax.all_gather(w, axes, axis=dim, tiled=True)
 
 
 def _balanced(
@@ -196,8 +216,10 @@ def _inverse(order: jax.Array) -> jax.Array:
 
 
 def _counts(ids: jax.Array, n: int) -> jax.Array:
-    """How many of `ids` are each of 0..n-1 (others not counted), int32."""
-    return jnp.bincount(ids, length=n + 1)[:n].astype(jnp.int32)
+    """How many of the sorted `ids` are each of 0..n-1 (others not counted), int32: by binary
+    search, not a scatter (which libtpu moves to the SparseCore)."""
+    edges = jnp.searchsorted(ids, jnp.arange(n + 1, dtype=ids.dtype))
+    return jnp.diff(edges).astype(jnp.int32)
 
 
 def _grouped(xs: jax.Array, sizes: jax.Array, w: tuple[jax.Array, ...]) -> jax.Array:
@@ -230,7 +252,7 @@ def _dropless(
     ids = jnp.full((ep * per_peer,), local, jnp.int32).at[slot].set(experts % local)
     recv, recv_ids = _exchange(send, exp, ep), _exchange(ids, exp, ep)
     order = jnp.argsort(recv_ids, stable=True)
-    out = _grouped(recv[order], _counts(recv_ids, local), w)[_inverse(order)]
+    out = _grouped(recv[order], _counts(recv_ids[order], local), w)[_inverse(order)]
     return _exchange(out, exp, ep)[slot]
 
 
