@@ -212,7 +212,7 @@ class Step:
         )
 
     def _layer(self, x: jax.Array, p: Params, *, act: NamedSharding) -> tuple[jax.Array, None]:
-        cdt, m = x.dtype, self.model
+        cdt = x.dtype
         # The layer's input named inside the checkpointed function: a policy may then offload
         # it (MaxText's decoder_layer_input); everything below reads the named value.
         x = checkpoint_name(x, "layer_input")
@@ -229,7 +229,9 @@ class Step:
         x = jax.lax.with_sharding_constraint(x + out, act)
         h = _rms_norm(x, p["mlp_norm"])
         if "router" in p:  # a MoE layer (moe.py)
-            mix = moe_mlp(h, p, mesh=self.mesh, roles=self.roles, model=m, train=self.train)
+            mix = moe_mlp(
+                h, p, mesh=self.mesh, roles=self.roles, model=self.model, train=self.train
+            )
             return jax.lax.with_sharding_constraint(x + checkpoint_name(mix, "mlp_out"), act), None
         gate = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt)), "mlp_in")
         up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
