@@ -15,7 +15,7 @@ from loadax_mesh.presets import get_preset, list_presets, load_preset
 from loadax_mesh.rules import match_regex_rules
 from tests.helpers import run_python
 
-PRESETS = ["dp", "dp_sp", "fsdp", "fsdp_tp", "hsdp", "pipeline_fsdp_tp"]
+PRESETS = ["dp", "dp_sp", "fsdp", "fsdp_ep", "fsdp_tp", "hsdp", "pipeline_fsdp_tp"]
 NO_MATCH = object()
 
 
@@ -72,6 +72,7 @@ def test_list_presets():
         ("fsdp", ("data", "fsdp"), ("data", "fsdp")),
         ("hsdp", ("replicate", "shard"), ("replicate", "shard")),
         ("fsdp_tp", ("data", "fsdp", "model"), ("data", "fsdp")),
+        ("fsdp_ep", ("data", "fsdp", "expert"), ("data", "fsdp", "expert")),
         ("dp_sp", ("data_parallel", "sequence_parallel"), ("data_parallel",)),
         ("pipeline_fsdp_tp", ("pipeline", "data", "fsdp", "model"), ("data", "fsdp")),
     ],

@@ -213,7 +213,7 @@ def _blocks(text: str) -> dict[str, str]:
             name, lines = header[2], [line.removeprefix("ENTRY ")]
         elif name is not None:
             lines.append(line)
-            if line.rstrip() == "}":
+            if line.startswith("}"):  # "}" or, on TPU's SparseCore, `}, execution_thread=...`
                 found[name], name = "\n".join(lines), None
     return found
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..view.picture import PlanView
 
 AXES = ("pipeline", "data", "expert", "fsdp", "seq", "model")
-_ROLE_AXIS = {"fsdp": "fsdp", "model": "model", "seq": "seq"}
+_ROLE_AXIS = {"fsdp": "fsdp", "model": "model", "seq": "seq", "expert": "expert"}
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,11 @@ metadata): the logical axes of the reference step (docs/design.md section 7) map
 own mesh axes, to use with the plan's own `Mesh`, so the ring order is kept.
 
 `batch` -> the batch axes; `length` -> the sequence axis; `embed` (the d_model dim of weights)
--> the fsdp axis; `heads`, `kv_heads`, `mlp`, `vocab` -> the tensor-parallel axis; `kv` (the
-per-head dim) is never sharded. A role the plan lacks (or of size 1) maps to None.
+-> the fsdp axis and the expert axis (which acts as fsdp outside the experts, as in MaxText);
+`heads`, `kv_heads`, `mlp`, `vocab` -> the tensor-parallel axis; `kv` (the per-head dim) is
+never sharded; `exp` (the expert dim of MoE weights) -> the expert axis, or the fsdp axis
+without one; `embed_no_exp` (the d_model dim of expert weights, MaxText's name) -> the fsdp
+axis when `exp` takes the expert axis. A role the plan lacks (or of size 1) maps to None.
 """
 
 from __future__ import annotations
@@ -16,7 +19,18 @@ from .axes import named_roles
 if TYPE_CHECKING:
     from ..view.picture import PlanView
 
-LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "kv", "mlp", "vocab")
+LOGICAL_AXES = (
+    "batch",
+    "length",
+    "embed",
+    "heads",
+    "kv_heads",
+    "kv",
+    "mlp",
+    "vocab",
+    "exp",
+    "embed_no_exp",
+)
 Rule = tuple[str, str | tuple[str, ...] | None]
 
 
@@ -25,11 +39,17 @@ def to_flax_rules(plan: PlanView) -> tuple[Rule, ...]:
     shape = plan.shape
     r = named_roles(plan, "to_flax_rules", "shards no logical axis")
     batch = tuple(a for a in r.batch if shape[a] > 1)
-    model = r.model if r.model is not None and shape[r.model] > 1 else None
+    model, fsdp, expert = (
+        axis if axis is not None and shape[axis] > 1 else None
+        for axis in (r.model, r.fsdp, r.expert)
+    )
+    embed = tuple(a for a in (fsdp, expert) if a is not None)
     table: dict[str, str | tuple[str, ...] | None] = {
         "batch": batch[0] if len(batch) == 1 else (batch or None),
         "length": r.seq if r.seq is not None and shape[r.seq] > 1 else None,
-        "embed": r.fsdp if r.fsdp is not None and shape[r.fsdp] > 1 else None,
+        "embed": embed[0] if len(embed) == 1 else (embed or None),
+        "exp": expert or fsdp,
+        "embed_no_exp": fsdp if expert else None,
         "heads": model,
         "kv_heads": model,
         "kv": None,

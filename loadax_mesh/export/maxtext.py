@@ -7,7 +7,11 @@ layers/decoders.py): mesh degrees are `ici_<axis>_parallelism` and `dcn_<axis>_p
 `per_device_batch_size` is per micro-batch (global batch = per_device_batch_size x devices x
 gradient_accumulation_steps) and may be a fraction; `remat_policy=custom` places each named
 tensor of a decoder layer with `remat`, `device` or `offload`; `num_vocab_tiling` computes the
-loss in chunks; MaxText builds its mesh with jax's `mesh_utils`.
+loss in chunks; MaxText builds its mesh with jax's `mesh_utils`. MoE (base.yml,
+docs/reference/core_concepts/moe_configuration.md): the `expert` axis shards the experts and
+acts as fsdp elsewhere; `sparse_matmul=true` is the dropless grouped-matmul path (`megablox`
+its TPU kernel), `sparse_matmul=false` with `capacity_factor` > 0 the dropping one;
+`use_random_routing` forces spread routing.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..hardware.profile import attention_kernel
+from ..hardware.profile import attention_kernel, platform_traits
 from ..workload.layout import check_modelled
 from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
@@ -41,7 +45,7 @@ MESH_AXES = (
     "autoregressive",
 )
 # Our role -> MaxText's axis and the word its ici_/dcn_ keys use.
-_ROLE_AXIS = {"fsdp": "fsdp", "model": "tensor", "seq": "context"}
+_ROLE_AXIS = {"fsdp": "fsdp", "model": "tensor", "seq": "context", "expert": "expert"}
 # Our named tensors -> MaxText's `custom` remat keys (checkpoint_name in its llama2 decoder
 # layer, attentions.py and linears.py); mlp_in is both SwiGLU inputs, wi_0 and wi_1 (a
 # two-matrix MLP's one input is wi: TWO_MATRIX_MLP_IN).
@@ -63,6 +67,15 @@ _PLACEMENT = {"recompute": "remat", "device": "device", "offload": "offload"}
 MLP_ACTIVATIONS = {"swiglu": "['silu','linear']", "relu": "['relu']", "gelu": "['gelu']"}
 # Our models that MaxText ships under the same name (src/maxtext/configs/models/*.yml).
 MODELS = ("llama2-7b", "llama3-8b", "llama3-70b", "llama3-405b")
+# Our MoE models -> MaxText's config of the same model (GQA ones; DeepSeek-V3's latent
+# attention is refused with the model, check_modelled).
+MOE_MODELS = {
+    "mixtral-8x7b": "mixtral-8x7b",
+    "mixtral-8x22b": "mixtral-8x22b",
+    "qwen3-235b-a22b": "qwen3-235b-a22b",
+    "llama4-scout-17b-16e": "llama4-17b-16e",
+    "llama4-maverick-17b-128e": "llama4-17b-128e",
+}
 
 
 @dataclass(frozen=True)
@@ -97,7 +110,7 @@ def _axis_map(plan: PlanView) -> dict[str, str]:
     """Plan axis (size > 1) -> MaxText axis; a plan MaxText cannot express is refused."""
     r = named_roles(
         plan, "to_maxtext", "has no MaxText name", batch=" (-> data, fsdp)",
-        named=" (-> fsdp, tensor, context)",
+        named=" (-> fsdp, tensor, context, expert)",
     )  # fmt: skip
     out = trainer_axes(plan, r, _ROLE_AXIS, "to_maxtext")
     for axis, their in out.items():
@@ -142,11 +155,34 @@ def _remat(train: TrainSpec, model: ModelSpec | None) -> dict[str, str]:
     return keys
 
 
+def _moe(train: TrainSpec, platform: str) -> dict[str, str]:
+    """The MoE keys of `train`: dropless as sparse grouped matmuls (megablox on TPU), capacity
+    as the dropping path; balanced routing as MaxText's forced (random) routing."""
+    dropless = train.moe == "dropless"
+    keys = {
+        "sparse_matmul": str(dropless).lower(),
+        "megablox": str(dropless and platform_traits(platform).mosaic_kernels).lower(),
+        "capacity_factor": "-1" if dropless else repr(float(train.capacity_factor)),
+    }
+    if train.routing == "balanced":
+        keys["use_random_routing"] = "true"
+    return keys
+
+
 def _model(model: ModelSpec) -> dict[str, str]:
-    check_modelled(model, by="the MaxText export")  # its keys below spell a dense model
+    # its keys below spell a dense model, or MaxText's own config of a MoE model
+    check_modelled(model, by="the MaxText export", experts=True)
     keys = {"max_target_length": str(model.seq_len)}
     if model.name in MODELS:
         return {"model_name": model.name, **keys}
+    if model.num_experts:
+        if model.name not in MOE_MODELS:
+            raise MeshConfigError(
+                f"model {model.name!r}: num_experts={model.num_experts} in a model MaxText does "
+                "not ship is not modelled yet by the MaxText export; accepted: dense models, or "
+                f"the MoE models {', '.join(MOE_MODELS)}"
+            )
+        return {"model_name": MOE_MODELS[model.name], **keys}
     return {
         "base_num_decoder_layers": str(model.num_layers),
         "base_emb_dim": str(model.d_model),
@@ -176,9 +212,10 @@ def to_maxtext(
             "mu_dtype is a key); accepted: opt_state_dtype equal to param_dtype"
         )
     axes = _axis_map(plan)
+    moe = (model is not None and model.num_experts > 0) or "expert" in plan.shape
     keys: dict[str, str] = {}
     for level, sizes in (("ici", plan.ici_mesh_shape), ("dcn", plan.dcn_mesh_shape)):
-        degree = dict.fromkeys(("data", "fsdp", "tensor", "context"), 1)
+        degree = dict.fromkeys(("data", "fsdp", "tensor", "context", *(("expert",) * moe)), 1)
         for name, size in zip(plan.axis_names, sizes, strict=True):
             if name in axes:
                 degree[axes[name]] = size
@@ -195,6 +232,7 @@ def to_maxtext(
                 attention, "dot_product"
             ),
             **_remat(train, model),
+            **(_moe(train, str(plan.table.platform)) if moe else {}),
             **({} if model is None else _model(model)),
         }
     )
@@ -209,6 +247,16 @@ def to_maxtext(
         notes.append(
             "approximate: MaxText's context axis also shards the weights' embed dim (FSDP-like), "
             "which the reference step's sequence axis does not"
+        )
+    if moe and train.moe == "dropless":
+        notes.append(
+            "approximate: the reference step's dropless experts are jax.lax.ragged_dot grouped "
+            "matmuls; MaxText's sparse_matmul runs the same products (megablox: its TPU kernel)"
+        )
+    if moe and train.routing == "balanced":
+        notes.append(
+            "approximate: routing='balanced' (token i to experts i*k+j mod E) as "
+            "use_random_routing=true, MaxText's forced routing (random, balanced on average)"
         )
     if train.remat in ("dots", "none"):
         notes.append(

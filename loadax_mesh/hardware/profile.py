@@ -30,6 +30,8 @@ class PlatformTraits:
     granule: str  # what one granule of `granule="auto"` is called
     compiler: str  # whose compiler the compile-only devices run
     fused_attention: str  # jax's fused attention kernel here: "splash", "cudnn" or "xla"
+    # jax's Pallas kernels for TPU (Mosaic: splash attention, megablox grouped matmuls) run here.
+    mosaic_kernels: bool
     catalogue_facts: tuple[str, ...]  # the facts the catalogue gives per unit
     # TPU slices are granules joined over DCN: a hardware string may end in a slice count, and
     # jax's and AXLearn's hybrid meshes take slices (elsewhere processes) as granules.
@@ -68,6 +70,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         granule="slice",
         compiler="libtpu",
         fused_attention="splash",
+        mosaic_kernels=True,
         catalogue_facts=("hbm", "peak_bf16", "ici_bandwidth", "dcn_bandwidth"),
         multislice=True,
         nvlink_domains=False,
@@ -84,6 +87,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         granule="NVLink domain",
         compiler="XLA's CUDA client",
         fused_attention="cudnn",
+        mosaic_kernels=False,
         catalogue_facts=("hbm", "peak_bf16", "nvlink_bandwidth", "network_per_gpu"),
         multislice=False,
         nvlink_domains=True,
@@ -100,6 +104,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         granule="process",
         compiler="XLA's CPU client",
         fused_attention="xla",
+        mosaic_kernels=False,
         catalogue_facts=(),
         multislice=False,
         nvlink_domains=False,

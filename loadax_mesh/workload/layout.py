@@ -1,8 +1,11 @@
 """How the reference step lays a model over a mesh: parameter shapes with logical axes, and the
 rules that map logical axes to the plan's mesh axes. Pure Python: the cost model reads it too.
 
-Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis; `heads`, `kv_heads`, `mlp`
-and `vocab` -> the tensor-parallel axis; activations: `batch` -> the batch axes, `seq` -> the
+Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis (and the expert axis, which
+acts as FSDP outside the experts, as in MaxText); `heads`, `kv_heads`, `mlp` and `vocab` -> the
+tensor-parallel axis; `exp` (the expert dim of MoE weights) -> the expert axis, or the FSDP axis
+without one; `embed_no_exp` (the d_model dim of expert weights) -> the FSDP axis when `exp` is
+on the expert axis, else unsharded. Activations: `batch` -> the batch axes, `seq` -> the
 sequence axis, `hidden` (the d_model dim of the residual stream between the layer's blocks) ->
 the tensor-parallel axis, as MaxText's `activation_embed` shards it: what a layer saves of it
 is cut by the tensor degree too. Axes are recognised by name (ROLE_NAMES); batch axes are the
@@ -23,6 +26,7 @@ ROLE_NAMES = {
     "fsdp": ("fsdp", "shard"),
     "model": ("model", "tp", "tensor"),
     "seq": ("seq", "sequence", "sequence_parallel", "sp", "context"),
+    "expert": ("expert",),
 }
 
 Logical = tuple[str | None, ...]
@@ -30,14 +34,15 @@ Logical = tuple[str | None, ...]
 
 @dataclass(frozen=True)
 class Roles:
-    """Which mesh axes shard what: batch axes (mesh order), and the FSDP, tensor and sequence
-    axes (None where the mesh has none)."""
+    """Which mesh axes shard what: batch axes (mesh order), and the FSDP, tensor, sequence and
+    expert axes (None where the mesh has none)."""
 
     sizes: tuple[tuple[str, int], ...]  # every mesh axis and its size, in mesh order
     batch: tuple[str, ...]
     fsdp: str | None
     model: str | None
     seq: str | None
+    expert: str | None = None
 
     def size(self, role: str) -> int:
         """The degree of a role: the product of the batch axes for "batch"."""
@@ -48,14 +53,18 @@ class Roles:
         return 1 if axis is None else sizes[axis]
 
     def data_parallel_axes(self) -> tuple[str, ...]:
-        """The batch axes of size > 1 that replicate the parameters (all but FSDP's)."""
+        """The batch axes of size > 1 that replicate the parameters (all but FSDP's and the
+        expert axis)."""
         sizes = dict(self.sizes)
-        return tuple(a for a in self.batch if a != self.fsdp and sizes[a] > 1)
+        return tuple(a for a in self.batch if a not in (self.fsdp, self.expert) and sizes[a] > 1)
 
     def mesh_axes(self, logical: Logical) -> tuple[str | tuple[str, ...] | None, ...]:
         """A PartitionSpec's entries for an array with these logical axes."""
+        embed = tuple(a for a in (self.fsdp, self.expert) if a is not None)
         table: dict[str, str | tuple[str, ...] | None] = {
-            "embed": self.fsdp,
+            "embed": embed[0] if len(embed) == 1 else (embed or None),
+            "exp": self.expert or self.fsdp,
+            "embed_no_exp": self.fsdp if self.expert else None,
             "heads": self.model,
             "kv_heads": self.model,
             "mlp": self.model,
@@ -91,8 +100,15 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
             accepted = ", ".join(n for names in ROLE_NAMES.values() for n in names)
             raise MeshConfigError(
                 f"mesh axis {axis!r} (size {size}) has no role in the reference step (it has no "
-                f"pipeline or expert parallelism); accepted: batch axes, or axes named {accepted}"
+                f"pipeline parallelism); accepted: batch axes, or axes named {accepted}"
             )
+    expert = found["expert"]
+    if expert is not None and dict(sizes)[expert] > 1 and expert not in batch_axes:
+        raise MeshConfigError(
+            f"mesh axis {expert!r} (size {dict(sizes)[expert]}) is no batch axis, but the expert "
+            "axis splits the batch as FSDP does outside the experts; accepted: batch axes that "
+            "include it"
+        )
     return Roles(sizes, tuple(a for a, _ in sizes if a in batch_axes), **found)
 
 
@@ -111,26 +127,37 @@ def splash_blocks(seq_len: int, r: Roles) -> tuple[int, int]:
 MODELLED = (("num_experts", 0), ("attention", "gqa"))
 
 
-def check_modelled(model: ModelSpec, by: str = "the reference step and the cost model") -> None:
+def check_modelled(
+    model: ModelSpec, by: str = "the reference step and the cost model", *, experts: bool = False
+) -> None:
     """A MeshConfigError for a model whose layers `by` do not build yet (experts, latent
-    attention): refused, not priced or compiled as a model it is not."""
+    attention): refused, not priced or compiled as a model it is not. `experts`: `by` builds
+    MoE layers (the reference step does, moe.py: GQA and SwiGLU experts; the cost model does not
+    price them yet)."""
     accepted = ", ".join(f"{f}={v!r}" for f, v in MODELLED)
     for field, built in MODELLED:
         value = getattr(model, field)
-        if value != built:
+        if value != built and not (experts and field == "num_experts"):
             raise MeshConfigError(
                 f"model {model.name!r}: {field}={value!r} is not modelled yet by {by}; "
                 f"accepted: dense GQA models ({accepted})"
+                + (", or such models with SwiGLU experts" if experts else "")
             )
+    if experts and model.num_experts and model.mlp != "swiglu":
+        raise MeshConfigError(
+            f"model {model.name!r}: mlp={model.mlp!r} with num_experts={model.num_experts} is "
+            f"not modelled yet by {by}; accepted: SwiGLU experts (mlp='swiglu')"
+        )
 
 
 def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]:
-    """Every parameter: its shape and logical axes. Layer weights are stacked on a leading
-    `num_layers` dim (the scan runs over it). A two-matrix MLP has no gate; tied embeddings
-    no unembedding."""
-    check_modelled(model)
+    """Every parameter: its shape and logical axes. Layer weights are stacked on a leading dim
+    (a scan runs over it): `layers/` the dense layers (all `num_layers` of a dense model),
+    `moe_layers/` the MoE layers of a model with experts (`moe_param_shapes`). A two-matrix MLP
+    has no gate; tied embeddings no unembedding."""
+    check_modelled(model, by="the reference step", experts=True)
     m = model
-    L, D, F, hd = m.num_layers, m.d_model, m.d_ff, m.head_dim
+    L, D, F, hd = m.num_layers - m.num_moe_layers, m.d_model, m.d_ff, m.head_dim
     shapes: dict[str, tuple[tuple[int, ...], Logical]] = {
         "embed": ((m.vocab_size, D), ("vocab", "embed")),
         "final_norm": ((D,), (None,)),
@@ -146,14 +173,60 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]
     }
     if not m.tied_embeddings:
         shapes["unembed"] = ((D, m.vocab_size), ("embed", "vocab"))
-    return shapes
+    if m.num_experts:
+        shapes.update(moe_param_shapes(m, shapes))
+    return {k: v for k, v in shapes.items() if L or not k.startswith("layers/")}
 
 
-def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
+# What a MoE layer shares with a dense one (the rest of its weights are moe_param_shapes').
+_ATTENTION_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm")
+
+
+def moe_param_shapes(
+    m: ModelSpec, dense: dict[str, tuple[tuple[int, ...], Logical]]
+) -> dict[str, tuple[tuple[int, ...], Logical]]:
+    """The `moe_layers/` stack (`num_moe_layers` deep): a dense layer's norms and attention
+    (from `dense`), the router, the routed experts (SwiGLU of width `moe_d_ff`, the expert dim
+    first) and the shared experts as one SwiGLU MLP of their summed width."""
+    M, D, E, F = m.num_moe_layers, m.d_model, m.num_experts, m.moe_d_ff
+    layer: dict[str, tuple[tuple[int, ...], Logical]] = {
+        name: (dense[f"layers/{name}"][0][1:], dense[f"layers/{name}"][1][1:])
+        for name in _ATTENTION_WEIGHTS
+    }
+    layer.update(
+        {
+            "router": ((D, E), ("embed", None)),
+            "we_gate": ((E, D, F), ("exp", "embed_no_exp", "mlp")),
+            "we_up": ((E, D, F), ("exp", "embed_no_exp", "mlp")),
+            "we_down": ((E, F, D), ("exp", "mlp", "embed_no_exp")),
+        }
+    )
+    if m.num_shared_experts:
+        S = m.num_shared_experts * F
+        layer.update(
+            {
+                "ws_gate": ((D, S), ("embed", "mlp")),
+                "ws_up": ((D, S), ("embed", "mlp")),
+                "ws_down": ((S, D), ("mlp", "embed")),
+            }
+        )
+    return {f"moe_layers/{k}": ((M, *shape), (None, *ax)) for k, (shape, ax) in layer.items()}
+
+
+def check_fit(model: ModelSpec, train: TrainSpec, r: Roles, *, experts: bool = False) -> None:
     """The model is one the step builds (`check_modelled`), every sharded dim divides by its
     axis, the global batch by the batch degree, and the recipe's slices by what they slice:
-    micro-batches each device's rows, logits chunks each device's slice of the sequence."""
-    check_modelled(model)
+    micro-batches each device's rows, logits chunks each device's slice of the sequence.
+    `experts`: for the reference step, which builds MoE layers and expert parallelism; without
+    it (the cost model) both are refused as not modelled yet."""
+    check_modelled(model, by="the reference step", experts=True)
+    if not experts:
+        check_modelled(model, by="the cost model")
+        if r.size("expert") > 1:
+            raise MeshConfigError(
+                f"mesh axis {r.expert!r} (size {r.size('expert')}): expert parallelism is not "
+                "modelled yet by the cost model; accepted: a mesh without an expert axis"
+            )
     batch = r.size("batch")
     if train.global_batch % batch:
         raise MeshConfigError(
@@ -185,6 +258,8 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
         "fsdp": (("d_model", model.d_model),),
         "seq": (("seq_len", model.seq_len),),
     }
+    if model.num_experts:
+        dims["model"] += (("moe_d_ff", model.moe_d_ff),)
     for role, checks in dims.items():
         size = r.size(role)
         for field, value in checks:
@@ -194,3 +269,18 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
                     f"{getattr(r, role)!r} of size {size}; accepted: a {role} axis whose size "
                     f"divides {field}"
                 )
+    if model.d_model % r.shards(("embed",)):
+        raise MeshConfigError(
+            f"model {model.name!r}: d_model={model.d_model} does not divide over the fsdp and "
+            f"expert axes together ({r.shards(('embed',))} shards); accepted: axes whose sizes' "
+            "product divides d_model"
+        )
+    if model.num_experts and model.num_experts % r.shards(("exp",)):
+        axis = "expert" if r.expert is not None else "fsdp"
+        raise MeshConfigError(
+            f"model {model.name!r}: num_experts={model.num_experts} does not divide over the "
+            f"{axis} axis {getattr(r, axis)!r} of size {r.size(axis)} (the experts are sharded "
+            f"over {'it' if axis == 'expert' else 'fsdp without an expert axis'}); accepted: an "
+            f"{axis} axis whose size divides num_experts"
+            + ("" if axis == "expert" else ", or an expert axis that does")
+        )

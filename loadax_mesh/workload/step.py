@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 from .attention import attention
 from .layout import Roles, check_fit, param_shapes, roles
 from .loss import cross_entropy_loss
+from .moe import moe_mlp, scan_layers
 from .spec import ModelSpec, TrainSpec
 
 _BETAS = (0.9, 0.95)
@@ -119,8 +120,13 @@ class Step:
     def _init_scale(self, name: str) -> float:
         """1 / sqrt(fan-in): the contracted width of each weight."""
         m = self.model
-        fan_in = {"layers/w_down": m.d_ff, "layers/wo": m.num_heads * m.head_dim}
-        return float(fan_in.get(name, m.d_model)) ** -0.5
+        fan_in = {
+            "w_down": m.d_ff,
+            "wo": m.num_heads * m.head_dim,
+            "we_down": m.moe_d_ff,
+            "ws_down": m.num_shared_experts * m.moe_d_ff,
+        }
+        return float(fan_in.get(name.rsplit("/", 1)[-1], m.d_model)) ** -0.5
 
     # -- the computation ----------------------------------------------------------------------
 
@@ -190,7 +196,10 @@ class Step:
         policy = remat_policy(self.train)
         if policy is not None:
             layer = jax.checkpoint(layer, policy=policy)
-        x, _ = jax.lax.scan(layer, x, layers)
+        if self.model.num_experts:  # dense and MoE layers, two stacks (moe.py)
+            x = scan_layers(layer, x, params, self.model)
+        else:
+            x, _ = jax.lax.scan(layer, x, layers)
         x = _rms_norm(x, params["final_norm"])
         unembed = params["embed"].T if self.model.tied_embeddings else params["unembed"]
         return cross_entropy_loss(
@@ -222,6 +231,11 @@ class Step:
         out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
         x = jax.lax.with_sharding_constraint(x + out, act)
         h = _rms_norm(x, p["mlp_norm"])
+        if "router" in p:  # a MoE layer (moe.py)
+            mix = moe_mlp(
+                h, p, mesh=self.mesh, roles=self.roles, model=self.model, train=self.train
+            )
+            return jax.lax.with_sharding_constraint(x + checkpoint_name(mix, "mlp_out"), act), None
         up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
         if self.model.mlp == "swiglu":
             gate = jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt))
@@ -262,7 +276,7 @@ def make_step(mesh: Mesh, model: ModelSpec, train: TrainSpec, *, batch_axes: Any
     """The reference step on `mesh`; checks that every sharded dim divides by its axis."""
     names = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
     r = roles(tuple(mesh.shape.items()), names)
-    check_fit(model, train, r)
+    check_fit(model, train, r, experts=True)
     return Step(mesh, model, train, r)
 
 

@@ -57,9 +57,9 @@ def test_maxtext_format_needs_the_global_batch(capsys: pytest.CaptureFixture[str
 
 
 def test_a_plan_maxtext_cannot_express_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["plan", "cpu-8", "--shape", "2,4", "--axes", "data,expert", "--global-batch", "8"]
+    argv = ["plan", "cpu-8", "--shape", "2,4", "--axes", "data,stage", "--global-batch", "8"]
     code, _, err = run(capsys, *argv, "--format", "maxtext")
-    assert code == 2 and "mesh axis 'expert' (size 4) has no MaxText name" in err
+    assert code == 2 and "mesh axis 'stage' (size 4) has no MaxText name" in err
 
 
 def test_axlearn_format_is_a_hybrid_mesh_rule(capsys: pytest.CaptureFixture[str]) -> None:

@@ -65,6 +65,19 @@ def test_axlearn_order_is_judged_per_granule_as_axlearn_builds_it() -> None:
 
 
 def test_an_axis_axlearn_has_no_name_for_is_refused() -> None:
-    plan = MeshConfig((2, 4), ("data", "expert"), "data").plan(simulate_devices("cpu-8"))
-    with pytest.raises(MeshConfigError, match=r"mesh axis 'expert' .size 4. has no pipeline"):
+    plan = MeshConfig((2, 4), ("data", "stage"), "data").plan(simulate_devices("cpu-8"))
+    with pytest.raises(MeshConfigError, match=r"mesh axis 'stage' .size 4. has no pipeline"):
         plan.to_axlearn()
+
+
+def test_the_expert_axis_is_axlearns_expert_axis_and_splits_the_batch() -> None:
+    config = _plan("fsdp_ep", "tpu-v5p-128").to_axlearn(order=False)
+    assert dict(zip(config.mesh_axis_names, config.ici_mesh_shape, strict=True)) == {
+        "pipeline": 1,
+        "data": 1,
+        "expert": 4,
+        "fsdp": 16,
+        "seq": 1,
+        "model": 1,
+    }
+    assert config.batch_axis_names == ("expert", "fsdp")

@@ -25,6 +25,8 @@ def test_rules_follow_the_roles_of_the_plan_axes() -> None:
         "kv": None,
         "mlp": "model",
         "vocab": "model",
+        "exp": "fsdp",
+        "embed_no_exp": None,
     }
     sp = MeshConfig.from_preset("dp_sp").plan(simulate_devices("tpu-v5litepod-8"))
     rules = dict(sp.to_flax_rules())
@@ -33,9 +35,9 @@ def test_rules_follow_the_roles_of_the_plan_axes() -> None:
 
 
 def test_an_axis_with_no_logical_meaning_is_refused() -> None:
-    config = MeshConfig((2, 4), ("data", "expert"), "data")
+    config = MeshConfig((2, 4), ("data", "stage"), "data")
     plan = config.plan(simulate_devices("cpu-8"))
-    with pytest.raises(MeshConfigError, match=r"'expert' .size 4. shards no logical axis"):
+    with pytest.raises(MeshConfigError, match=r"'stage' .size 4. shards no logical axis"):
         plan.to_flax_rules()
 
 
@@ -114,3 +116,15 @@ def test_a_linen_model_sharded_by_the_rules_trains_to_the_single_device_losses()
     single = _train(None, rules)
     assert sharded[-1] < sharded[0]  # it trains
     np.testing.assert_allclose(sharded, single, rtol=2e-5)
+
+
+def test_the_expert_dim_goes_to_the_expert_axis_or_to_fsdp() -> None:
+    ep = dict(
+        MeshConfig.from_preset("fsdp_ep").plan(simulate_devices("tpu-v5p-128")).to_flax_rules()
+    )
+    assert ep["exp"] == "expert" and ep["embed_no_exp"] == "fsdp"
+    assert ep["embed"] == ("fsdp", "expert") and ep["batch"] == ("fsdp", "expert")
+    fsdp = dict(
+        MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5p-128")).to_flax_rules()
+    )
+    assert fsdp["exp"] == "fsdp" and fsdp["embed_no_exp"] is None and fsdp["embed"] == "fsdp"

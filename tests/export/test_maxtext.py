@@ -115,8 +115,8 @@ def test_maxtext_order_is_judged_beside_ours_and_split_axes_are_asked_for() -> N
 
 
 def test_an_axis_maxtext_has_no_name_for_is_refused() -> None:
-    plan = MeshConfig((2, 4), ("data", "expert"), "data").plan(simulate_devices("cpu-8"))
-    with pytest.raises(MeshConfigError, match=r"mesh axis 'expert' .size 4. has no MaxText name"):
+    plan = MeshConfig((2, 4), ("data", "stage"), "data").plan(simulate_devices("cpu-8"))
+    with pytest.raises(MeshConfigError, match=r"mesh axis 'stage' .size 4. has no MaxText name"):
         plan.to_maxtext(TrainSpec(global_batch=8))
 
 
@@ -140,3 +140,46 @@ def test_plans_maxtext_reads_otherwise_are_refused() -> None:
     fsdp = MeshConfig((8,), ("fsdp",), "fsdp").plan(devices)
     with pytest.raises(MeshConfigError, match=r"micro-batch of 4 rows .* 8 shards"):
         fsdp.to_maxtext(TrainSpec(global_batch=8, microbatches=2), order=False)
+
+
+def test_an_expert_axis_and_a_moe_model_become_maxtexts_expert_keys() -> None:
+    plan = _plan("fsdp_ep", "tpu-v5p-128")  # 64 chips: fsdp 16 x expert 4
+    mixtral = ModelSpec.from_name("mixtral-8x7b")
+    config = plan.to_maxtext(TrainSpec(global_batch=64), model=mixtral, order=False)
+    keys = config.keys
+    assert (keys["ici_fsdp_parallelism"], keys["ici_expert_parallelism"]) == ("16", "4")
+    assert keys["dcn_expert_parallelism"] == "1"
+    assert keys["model_name"] == "mixtral-8x7b" and keys["per_device_batch_size"] == "1"
+    assert (keys["sparse_matmul"], keys["megablox"], keys["capacity_factor"]) == (
+        "true",
+        "true",
+        "-1",
+    )
+    dropping = TrainSpec(global_batch=64, moe="capacity", capacity_factor=1.5, routing="balanced")
+    keys = plan.to_maxtext(dropping, model=mixtral, order=False).keys
+    assert (keys["sparse_matmul"], keys["megablox"], keys["capacity_factor"]) == (
+        "false",
+        "false",
+        "1.5",
+    )
+    assert keys["use_random_routing"] == "true"
+    # no expert axis: the experts shard over fsdp, and MaxText gets the same model and keys
+    keys = _plan("fsdp", "tpu-v5p-128").to_maxtext(dropping, model=mixtral, order=False).keys
+    assert keys["ici_expert_parallelism"] == "1" and keys["capacity_factor"] == "1.5"
+    scout = ModelSpec.from_name("llama4-scout-17b-16e")
+    keys = plan.to_maxtext(TrainSpec(global_batch=64), model=scout, order=False).keys
+    assert keys["model_name"] == "llama4-17b-16e"
+    # a dense model on a plan without an expert axis gets no MoE keys
+    keys = _plan("fsdp", "tpu-v5p-128").to_maxtext(TrainSpec(global_batch=64), order=False).keys
+    assert "sparse_matmul" not in keys and "ici_expert_parallelism" not in keys
+
+
+def test_moe_models_maxtext_does_not_ship_are_refused() -> None:
+    from dataclasses import replace
+
+    plan = _plan("fsdp_ep", "tpu-v5p-128")
+    custom = replace(ModelSpec.from_name("mixtral-8x7b"), name="my-moe")
+    with pytest.raises(MeshConfigError, match=r"num_experts=8 in a model MaxText does not ship"):
+        plan.to_maxtext(TrainSpec(global_batch=64), model=custom, order=False)
+    with pytest.raises(MeshConfigError, match=r"attention='mla' is not modelled yet by the MaxT"):
+        plan.to_maxtext(TrainSpec(global_batch=64), model=ModelSpec.from_name("deepseek-v3"))

@@ -224,8 +224,8 @@ def test_train_spec_moe_defaults():
     assert TrainSpec(global_batch=8, moe="capacity", capacity_factor=2).capacity_factor == 2
 
 
+# (Experts the step builds and the cost model refuses: test_moe.py.)
 UNMODELLED = {
-    "num_experts=8": ModelSpec.from_name("mixtral-8x7b"),
     "attention='mla'": ModelSpec(**{**GOOD, **MLA, "vocab_size": 128, "seq_len": 128}),
 }
 

@@ -1,0 +1,292 @@
+"""Mixture-of-experts layers of the reference step (docs/design.md section 11): the layer order
+of dense and MoE stacks, and the MoE block (router, top-k, dispatch, experts, combine).
+
+The block runs under `shard_map` over the whole mesh. Each device routes its own tokens (the
+batch over the batch axes, the sequence over the sequence axis): router logits in float32, a
+softmax or sigmoid, the top `experts_per_token`, weights renormalised over them (a sigmoid
+router with one expert per token keeps its raw score, as Llama 4 does). `routing="balanced"`
+sends token i (its index in the global batch, row-major) to experts (i * k + j) mod E, the
+router's scores still weighting them, so the router trains as published benchmark runs force
+balanced load. Token copies are sorted by expert; then:
+
+- `moe="dropless"`: every copy is computed. The experts are grouped matmuls
+  (`jax.lax.ragged_dot` with each expert's count, as MaxText's sparse path runs them). With an
+  expert axis of size P, each device holds E / P experts and the copies travel by
+  `jax.lax.all_to_all` over it, in a buffer per peer of tokens x min(k, E / P) rows, the most
+  one device can send one peer (a token's k experts are distinct). That buffer is P x min(k,
+  E / P) / k times the copies: the fixed-size exchange every platform runs
+  (`ragged_all_to_all`, which would send only the copies, has no XLA:CPU lowering in jax 0.10).
+- `moe="capacity"`: each expert takes at most ceil(tokens x k / E x capacity_factor) copies
+  from each device, in routing order; the rest are dropped (they add nothing to the output).
+  The buffers are [E, capacity, d_model], batched matmuls over experts, all-to-all over the
+  expert axis in both directions (the einsum path of MaxText's dropping runs).
+
+Without an expert axis the experts' weights come into the block whole: the all-gather over
+`fsdp` that shards their expert dim (MaxText's newer MoE recipes). The tensor axis splits the
+experts' width; their output is reduce-scattered over it into the residual stream's layout.
+Shared experts are a dense SwiGLU MLP beside the routed ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from .layout import Roles
+from .spec import ModelSpec, TrainSpec
+
+Params = dict[str, Any]
+Layer = Callable[[jax.Array, Params], tuple[jax.Array, Any]]
+
+
+def scan_layers(layer: Layer, x: jax.Array, params: Params, model: ModelSpec) -> jax.Array:
+    """The model's layers in order over two stacks: `layers/` (dense) and `moe_layers/`.
+
+    Scans need alike layers, so the order is cut into scans that each run one kind: the
+    `first_dense_layers`, then one scan over groups of `moe_every` layers (its body a scan
+    over the group's `moe_every - 1` dense layers, then the MoE layer), then the dense layers
+    left over. One stack per kind keeps the parameters two plain stacks (what the cost model
+    reads), and a model whose MoE layers are every layer (Mixtral, Qwen3) is one scan.
+    """
+    dense = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
+    moe = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("moe_layers/")}
+    first, between, groups = model.first_dense_layers, model.moe_every - 1, model.num_moe_layers
+
+    def take(start: int, stop: int) -> Params:
+        return {k: v[start:stop] for k, v in dense.items()}
+
+    if first:
+        x, _ = jax.lax.scan(layer, x, take(0, first))
+    stop = first + groups * between
+    inner = {k: v.reshape(groups, between, *v.shape[1:]) for k, v in take(first, stop).items()}
+
+    def group(x: jax.Array, g: tuple[Params, Params]) -> tuple[jax.Array, None]:
+        if between:
+            x, _ = jax.lax.scan(layer, x, g[0])
+        return layer(x, g[1])[0], None
+
+    x, _ = jax.lax.scan(group, x, (inner if between else {}, moe))
+    if stop < model.num_layers - groups:
+        x, _ = jax.lax.scan(layer, x, take(stop, model.num_layers - groups))
+    return x
+
+
+def moe_mlp(
+    h: jax.Array, p: Params, *, mesh: Mesh, roles: Roles, model: ModelSpec, train: TrainSpec
+) -> jax.Array:
+    """The MoE block's output for the normed residual `h` [batch, seq, d_model]: the routed
+    experts' weighted sum (in the residual stream's sharding, d_model over the tensor axis),
+    plus the shared experts'."""
+    cdt = h.dtype
+    ep = roles.size("expert")
+    exp = roles.expert if ep > 1 else None
+    mlp = roles.model if roles.size("model") > 1 else None
+    batch = roles.mesh_axes(("batch",))[0]
+    tokens = P(batch, roles.seq, None)
+    # The weights come in as they are stored, and are gathered inside (their gradients leave
+    # reduce-scattered): the router's d_model, and the experts' d_model over fsdp (with an
+    # expert axis) or their expert dim over fsdp (without one).
+    router = roles.mesh_axes(("embed", None))
+    w_in = roles.mesh_axes(("exp", "embed_no_exp", "mlp"))
+    w_out = roles.mesh_axes(("exp", "mlp", "embed_no_exp"))
+    gathers = (router[0], None if w_in[0] == roles.expert else w_in[0], w_in[1])
+    local = partial(
+        _local,
+        model=model,
+        train=train,
+        ep=ep,
+        axes=(exp, mlp, roles.batch, roles.seq),
+        gathers=gathers,
+    )
+    routed = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(tokens, P(*router), P(*w_in), P(*w_in), P(*w_out)),
+        out_specs=P(batch, roles.seq, mlp),
+    )(h, *(p[w].astype(cdt) for w in ("router", "we_gate", "we_up", "we_down")))
+    if not model.num_shared_experts:
+        return routed
+    gate = jnp.einsum("bsd,df->bsf", h, p["ws_gate"].astype(cdt))
+    up = jnp.einsum("bsd,df->bsf", h, p["ws_up"].astype(cdt))
+    return routed + jnp.einsum("bsf,fd->bsd", jax.nn.silu(gate) * up, p["ws_down"].astype(cdt))
+
+
+def _local(
+    x: jax.Array,
+    router: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+    *,
+    model: ModelSpec,
+    train: TrainSpec,
+    ep: int,
+    axes: tuple[str | None, str | None, tuple[str, ...], str | None],
+    gathers: tuple[Any, Any, Any],
+) -> jax.Array:
+    """One device's share of the block: its tokens [b, s, d] routed, dispatched, computed by
+    the experts and combined; partial over the tensor axis until reduce-scattered. `gathers`:
+    the mesh axes over which the router's d_model, and the experts' expert dim and d_model,
+    are gathered."""
+    exp, mlp, batch_axes, seq = axes
+    by_router, by_expert, by_d = gathers
+    router = _gather(router, by_router, 0)
+    w_gate, w_up = (_gather(_gather(w, by_expert, 0), by_d, 1) for w in (w_gate, w_up))
+    w_down = _gather(_gather(w_down, by_expert, 0), by_d, 2)
+    b, s, d = x.shape
+    k, n = model.experts_per_token, model.num_experts
+    flat_x = x.reshape(b * s, d)
+    experts, weights = _route(flat_x, router, model, train, _balanced(b, s, batch_axes, seq, k, n))
+    # Token copies sorted by expert (stable: each expert's copies in token order).
+    copies = experts.reshape(-1)
+    order = jnp.argsort(copies, stable=True)
+    sorted_experts = copies[order]
+    xs = flat_x[order // k]
+    if train.moe == "dropless":
+        per_peer = b * s * min(k, n // ep)
+        out = _dropless(xs, sorted_experts, (w_gate, w_up, w_down), n, ep, exp, per_peer)
+    else:
+        cap = math.ceil(b * s * k / n * train.capacity_factor)
+        out = _capacity(xs, sorted_experts, (w_gate, w_up, w_down), n, ep, exp, cap)
+    out = out[_inverse(order)].reshape(b * s, k, d)
+    y = jnp.einsum("tkd,tk->td", out, weights.astype(x.dtype)).reshape(b, s, d)
+    if mlp is not None:
+        y = jax.lax.psum_scatter(y, mlp, scatter_dimension=2, tiled=True)
+    return y
+
+
+def _gather(w: jax.Array, axes: Any, dim: int) -> jax.Array:
+    """`w` whole along `dim` over `axes` (a mesh axis, a tuple of them, or None: as it is)."""
+    return w if not axes else jax.lax.all_gather(w, axes, axis=dim, tiled=True)
+
+
+def _balanced(
+    b: int, s: int, batch_axes: tuple[str, ...], seq: str | None, k: int, n: int
+) -> Callable[[], jax.Array]:
+    """The balanced experts of this device's tokens [b * s, k]: ((global index) * k + j) mod
+    E, the global index row-major over the whole batch (this device's block found by its
+    position on the batch and sequence axes)."""
+
+    def experts() -> jax.Array:
+        row0 = jax.lax.axis_index(batch_axes) * b
+        col0 = jax.lax.axis_index(seq) * s if seq is not None else 0
+        total_seq = s * (jax.lax.axis_size(seq) if seq is not None else 1)
+        rows = row0 + jnp.arange(b)[:, None]
+        cols = col0 + jnp.arange(s)[None, :]
+        index = (rows * total_seq + cols).reshape(-1, 1)
+        return ((index * k + jnp.arange(k)[None, :]) % n).astype(jnp.int32)
+
+    return experts
+
+
+def _route(
+    x: jax.Array,
+    router: jax.Array,
+    model: ModelSpec,
+    train: TrainSpec,
+    balanced: Callable[[], jax.Array],
+) -> tuple[jax.Array, jax.Array]:
+    """Each token's experts [t, k] (int32) and their weights [t, k] (float32)."""
+    logits = jnp.einsum("td,de->te", x.astype(jnp.float32), router.astype(jnp.float32))
+    k = model.experts_per_token
+    if model.router == "softmax":
+        scores = jax.nn.softmax(logits, axis=-1)
+    else:
+        scores = jax.nn.sigmoid(logits)
+    if train.routing == "learned":
+        weights, experts = jax.lax.top_k(scores, k)
+    else:
+        experts = balanced()
+        weights = jnp.take_along_axis(scores, experts, axis=-1)
+    if model.router == "softmax" or k > 1:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return experts.astype(jnp.int32), weights
+
+
+def _inverse(order: jax.Array) -> jax.Array:
+    """The permutation that undoes `order`."""
+    return jnp.zeros_like(order).at[order].set(jnp.arange(order.size, dtype=order.dtype))
+
+
+def _counts(ids: jax.Array, n: int) -> jax.Array:
+    """How many of the sorted `ids` are each of 0..n-1 (others not counted), int32: by binary
+    search, not a scatter (which libtpu moves to the SparseCore)."""
+    edges = jnp.searchsorted(ids, jnp.arange(n + 1, dtype=ids.dtype))
+    return jnp.diff(edges).astype(jnp.int32)
+
+
+def _grouped(xs: jax.Array, sizes: jax.Array, w: tuple[jax.Array, ...]) -> jax.Array:
+    """SwiGLU experts over rows grouped by expert (`sizes` rows each, in expert order)."""
+    w_gate, w_up, w_down = w
+    gate = jax.lax.ragged_dot(xs, w_gate, sizes)
+    up = jax.lax.ragged_dot(xs, w_up, sizes)
+    return jax.lax.ragged_dot(jax.nn.silu(gate) * up, w_down, sizes)
+
+
+def _dropless(
+    xs: jax.Array,
+    experts: jax.Array,
+    w: tuple[jax.Array, ...],
+    n: int,
+    ep: int,
+    exp: str | None,
+    per_peer: int,
+) -> jax.Array:
+    """Every sorted copy through its expert as grouped matmuls; across the expert axis, the
+    copies for each peer in a block of `per_peer` rows (the worst case), exchanged by
+    all-to-all, regrouped by local expert (padding last, in no group) and sent back."""
+    if exp is None:
+        return _grouped(xs, _counts(experts, n), w)
+    local = n // ep
+    dest = experts // local
+    counts = _counts(dest, ep)
+    slot = dest * per_peer + jnp.arange(xs.shape[0]) - (jnp.cumsum(counts) - counts)[dest]
+    send = jnp.zeros((ep * per_peer, xs.shape[1]), xs.dtype).at[slot].set(xs)
+    ids = jnp.full((ep * per_peer,), local, jnp.int32).at[slot].set(experts % local)
+    recv, recv_ids = _exchange(send, exp, ep), _exchange(ids, exp, ep)
+    order = jnp.argsort(recv_ids, stable=True)
+    out = _grouped(recv[order], _counts(recv_ids[order], local), w)[_inverse(order)]
+    return _exchange(out, exp, ep)[slot]
+
+
+def _capacity(
+    xs: jax.Array,
+    experts: jax.Array,
+    w: tuple[jax.Array, ...],
+    n: int,
+    ep: int,
+    exp: str | None,
+    cap: int,
+) -> jax.Array:
+    """Sorted copies into [E, cap] slots (the overflow dropped), the experts as batched
+    matmuls, the slots exchanged over the expert axis both ways; a dropped copy gives zero."""
+    rows, d = xs.shape
+    counts = _counts(experts, n)
+    position = jnp.arange(rows) - (jnp.cumsum(counts) - counts)[experts]
+    slot = jnp.where(position < cap, experts * cap + position, n * cap)  # n * cap: dropped
+    slots = jnp.zeros((n * cap, d), xs.dtype).at[slot].set(xs, mode="drop")
+    local = n // ep
+    if exp is not None:  # blocks by sender, each [local, cap]: regrouped by local expert
+        slots = _exchange(slots, exp, ep).reshape(ep, local, cap, d).transpose(1, 0, 2, 3)
+    w_gate, w_up, w_down = w
+    slots = slots.reshape(local, ep * cap, d)
+    gate = jnp.einsum("ecd,edf->ecf", slots, w_gate)
+    up = jnp.einsum("ecd,edf->ecf", slots, w_up)
+    out = jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate) * up, w_down)
+    if exp is not None:
+        out = _exchange(out.reshape(local, ep, cap, d).transpose(1, 0, 2, 3), exp, ep)
+    return out.reshape(n * cap, d).at[slot].get(mode="fill", fill_value=0)
+
+
+def _exchange(a: jax.Array, axis: str, ep: int) -> jax.Array:
+    """Block i of `a` (split on its leading dim) to the device at position i on `axis`; the
+    result holds the blocks received, in senders' order."""
+    blocks = a.reshape(ep, a.shape[0] // ep, *a.shape[1:])
+    return jax.lax.all_to_all(blocks, axis, 0, 0).reshape(a.shape)
