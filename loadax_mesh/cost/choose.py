@@ -28,7 +28,7 @@ from ..hardware.profile import DeviceFacts, hardware_profile
 from ..hardware.strings import simulate_devices
 from ..plan import MeshPlan, plan_config
 from ..shapes import HybridMeshShape
-from ..workload.layout import ROLE_NAMES, Roles, check_fit, roles
+from ..workload.layout import ROLE_NAMES, Roles, check_fit, check_modelled, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .estimate import Estimate, estimate_parts, holds_tables
 from .recipes import RECIPE_FIELDS, Recipe, check_recipes, divisors, fitting_recipes
@@ -138,6 +138,7 @@ def choose_mesh(
             searched (the message gives the smallest need).
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+    check_modelled(model)  # else each mesh's refusal would read as "fits no mesh"
     names = _check_axes(axes, top)
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")

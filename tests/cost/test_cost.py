@@ -182,3 +182,8 @@ def test_choose_mesh_takes_a_model_name_and_auto_names_unknown_options():
     )
     dots = choose_mesh("tpu-v5p-16", "tiny", TrainSpec(global_batch=16, remat="dots"))
     assert auto.mesh_shape == dots[0].config.mesh_shape
+
+
+def test_choosing_for_a_model_the_cost_model_does_not_price_says_so() -> None:
+    with pytest.raises(MeshConfigError, match="num_experts=8 is not modelled yet"):
+        choose_mesh("tpu-v5p-128", "mixtral-8x7b", TrainSpec(global_batch=64))
