@@ -30,13 +30,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from production_runs import RUNS
 
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost.estimate import Estimate, estimate, estimate_parts, plan_parts
-from loadax_mesh.cost.time import calibration
+from loadax_mesh.cost.time import calibration, matmul_intensity
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 
@@ -48,8 +50,11 @@ class Run:
     peak: float
     logged: float  # seconds
 
-    def predict(self, efficiency: float) -> Estimate:
-        return estimate_parts(*self.parts, compute_efficiency=efficiency)
+    def predict(self, efficiency: float, intensity: float | None = None) -> Estimate:
+        """The estimate at these calibrations (intensity None: no limit)."""
+        return estimate_parts(
+            *self.parts, compute_efficiency=efficiency, intensity=intensity or float("inf")
+        )
 
 
 def load(spec: dict[str, Any]) -> Run:
@@ -84,31 +89,37 @@ def counted_flops(spec: dict[str, Any], e: Estimate, model: ModelSpec) -> float:
     return e.model_flops + tokens * per_token
 
 
-def error(run: Run, efficiency: float) -> float:
-    return run.predict(efficiency).step_seconds / run.logged - 1
+# The calibrations' grid: the share of the peak a matmul reaches, and (TPU) the FLOPs per HBM
+# byte of the compiler's matmul tiles, None for no such limit.
+EFFICIENCIES = tuple(round(0.30 + 0.005 * k, 3) for k in range(141))
+INTENSITIES: dict[str, tuple[float | None, ...]] = {
+    "tpu": (None, *(round(100 * 10 ** (k / 30)) for k in range(31))),  # 100 to 1000
+    "gpu": (None,),
+}
 
 
-def fit(runs: list[Run]) -> float:
-    """The efficiency that minimises the squared relative errors (golden-section search: each
-    step grows as the efficiency falls)."""
-    lo, hi = 0.05, 1.0
-    g = (5**0.5 - 1) / 2
+def errors(group: list[Run], platform: str) -> np.ndarray:
+    """Relative error of every run at every grid point: [run, intensity, efficiency]."""
+    return np.array(
+        [
+            [
+                [r.predict(k, i).step_seconds / r.logged - 1 for k in EFFICIENCIES]
+                for i in INTENSITIES[platform]
+            ]
+            for r in group
+        ]
+    )
 
-    def loss(k: float) -> float:
-        return sum(error(r, k) ** 2 for r in runs)
 
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = loss(a), loss(b)
-    for _ in range(60):
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
-            fa = loss(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
-            fb = loss(b)
-    return (lo + hi) / 2
+def fit(table: np.ndarray, platform: str, leave: int | None = None) -> tuple[float, float | None]:
+    """The (efficiency, intensity) that minimise the squared relative errors of the runs in
+    `table` (all but `leave`): a grid search."""
+    keep = np.ones(len(table), bool)
+    if leave is not None:
+        keep[leave] = False
+    loss = (table[keep] ** 2).sum(axis=0)
+    i, k = np.unravel_index(int(np.argmin(loss)), loss.shape)
+    return EFFICIENCIES[k], INTENSITIES[platform][i]
 
 
 def main() -> None:
@@ -120,13 +131,15 @@ def main() -> None:
     start = time.perf_counter()
     runs = [load(spec) for spec in RUNS]
     by_platform = {p: [r for r in runs if r.platform == p] for p in ("tpu", "gpu")}
+    tables = {p: errors(group, p) for p, group in by_platform.items()}
     if args.fit:
         for p, group in by_platform.items():
-            print(f"{p} = {fit(group):.3f}  (fitted on {len(group)} runs)")
-    shipped = {p: calibration("compute_efficiency", p) for p in by_platform}
+            k, i = fit(tables[p], p)
+            print(f"{p}: compute_efficiency {k:.3f}, matmul_intensity {i} ({len(group)} runs)")
+    shipped = {p: (calibration("compute_efficiency", p), matmul_intensity(p)) for p in by_platform}
     header = [
         "run", "part", "logged s", "predicted s", "error", "est/logged",
-        "est/logged (shipped)", "MFU logged", "MFU pred", "efficiency (LOO)",
+        "est/logged (shipped)", "MFU logged", "MFU pred", "efficiency, intensity (LOO)",
         "matmul", "attention", "memory-bound", "hidden comm", "exposed", "DCN", "offload",
     ]  # fmt: skip
     if args.roofline:
@@ -134,19 +147,19 @@ def main() -> None:
     rows, worst, mfu = [], {1: 0.0, 2: 0.0}, {}
     for p, group in by_platform.items():
         for k, run in enumerate(group):
-            others = fit(group[:k] + group[k + 1 :])
-            e = run.predict(others)
+            others = fit(tables[p], p, leave=k)
+            e = run.predict(*others)
             t = e.time
             err = e.step_seconds / run.logged - 1
             part = run.spec.get("part", 1)
             worst[part] = max(worst[part], abs(err))
             logged_mfu = e.model_flops / run.logged / run.peak
             mfu[run.spec["name"]] = (logged_mfu, e.mfu)
-            at_shipped = run.predict(shipped[p]).step_seconds / run.logged
+            at_shipped = run.predict(*shipped[p]).step_seconds / run.logged
             cells = [
                 run.spec["name"], str(part), f"{run.logged:.3f}", f"{e.step_seconds:.3f}",
                 f"{err:+.1%}", f"{e.step_seconds / run.logged:.2f}", f"{at_shipped:.2f}",
-                f"{logged_mfu:.3f}", f"{e.mfu:.3f}", f"{others:.3f}",
+                f"{logged_mfu:.3f}", f"{e.mfu:.3f}", f"{others[0]:.3f}, {others[1]}",
                 *(f"{x:.3f}" for x in (t.matmul, t.attention, t.memory_bound, t.hidden,
                                        t.exposed, t.across_granules, t.offload)),
             ]  # fmt: skip

@@ -18,7 +18,7 @@ from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .memory import Shapes, host_bytes, memory_terms, phases
-from .time import StepTime, calibration, step_time
+from .time import StepTime, calibration, matmul_intensity, step_time
 from .traffic import AxisTraffic, axis_traffic, collectives
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ def estimate_parts(
     *,
     terms: dict[str, int] | None = None,
     compute_efficiency: float | None = None,
+    intensity: float | None = None,
 ) -> Estimate:
     """The estimate from its parts (what `choose_mesh` varies without building a plan);
     `terms` are the memory terms when already computed (they do not depend on the plan);
@@ -145,12 +146,15 @@ def estimate_parts(
     moved = host * train.microbatches  # every micro-batch writes and reads its own
     if compute_efficiency is None:
         compute_efficiency = calibration("compute_efficiency", facts.platform)
+    if intensity is None:
+        intensity = matmul_intensity(facts.platform)
     t = step_time(
         model,
         train,
         r,
         facts,
         efficiency=compute_efficiency,
+        intensity=intensity,
         hidden=sum(a.seconds - a.exposed_seconds for a in axes.values()),
         exposed=sum(a.exposed_seconds - a.dcn_seconds for a in axes.values()),
         across_granules=sum(a.dcn_seconds for a in axes.values()),

@@ -34,6 +34,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from .._configs import config_path
 from ..errors import MeshConfigError
@@ -73,19 +74,26 @@ def step_time(
     facts: DeviceFacts,
     *,
     efficiency: float,
+    intensity: float | None,
     hidden: float,
     exposed: float,
     across_granules: float,
     offload_bytes: float,
 ) -> StepTime:
-    """The step's time on one device. `hidden`, `exposed` and `across_granules` are the
-    collectives' seconds (cost/traffic.py), `offload_bytes` what goes to host memory and back
-    each way in a step.
+    """The step's time on one device. `efficiency` and `intensity` are the named calibrations
+    (`calibration`): the share of the peak a matmul reaches when its operands keep up, and the
+    FLOPs a matmul does per byte it reads from HBM as the compiler tiles it (None: no limit).
+    `hidden`, `exposed` and `across_granules` are the collectives' seconds (cost/traffic.py),
+    `offload_bytes` what goes to host memory and back each way in a step.
 
     Every size below is one device's: a micro-batch's tokens, and the widths the tensor axis
     cuts (heads, kv heads, d_ff, the vocabulary and the residual stream's d_model)."""
-    rate = facts.peak_flops * efficiency  # FLOP/s a matmul or attention kernel reaches
     hbm = facts.need("hbm_bandwidth")
+    # A chip whose peak outruns its HBM by more than the tiles' FLOPs per byte (its balance,
+    # peak / bandwidth, above `intensity`) waits on its operands for that share of the time.
+    fed = 1.0 if intensity is None else min(1.0, intensity * hbm / facts.peak_flops)
+    rate = facts.peak_flops * efficiency * fed  # FLOP/s a matmul or attention kernel reaches
+    rows_unit, cols_unit = facts.mxu or (1, 1)  # a TPU matrix unit: dims fill it in whole tiles
     act = dtype_bytes(train.compute_dtype)  # bytes of one activation element
     tensor, micro = roles.size("model"), train.microbatches
     rows = train.global_batch // roles.size("batch")  # sequences a device trains per step
@@ -97,9 +105,11 @@ def step_time(
     q_width, kv_width = heads * head_dim, kv_heads * head_dim  # of q (and the output), k, v
 
     def matmul(k: int, n: int) -> float:
-        """[tokens, k] x [k, n]: its FLOPs at `rate`, or where longer its operands' and
-        result's bytes at HBM bandwidth (a matmul too thin for the matrix units)."""
-        return max(2.0 * tokens * k * n / rate, (tokens * k + k * n + tokens * n) * act / hbm)
+        """[tokens, k] x [k, n]: its FLOPs at `rate` (the contraction and output dims padded to
+        whole matrix-unit tiles), or where longer its operands' and result's bytes at HBM
+        bandwidth (a matmul too thin for the matrix units)."""
+        flops = 2.0 * tokens * _whole(k, rows_unit) * _whole(n, cols_unit)
+        return max(flops / rate, (tokens * k + k * n + tokens * n) * act / hbm)
 
     # A layer's projections, forward; SwiGLU's input is two matmuls (gate and up), a
     # two-matrix MLP's one (up).
@@ -117,9 +127,13 @@ def step_time(
     pairs = rows // micro * _causal_pairs(model.seq_len) / roles.size("seq")
     kernel_bytes = tokens * (2 * q_width + 2 * kv_width) * act  # q, k, v read, output written
 
+    # Each of the kernel's matmuls has head_dim as its contraction (QK^T) or output (PV, dQ, dK,
+    # dV) dim: a head narrower than the matrix unit leaves the rest of it idle.
+    head_width = _whole(head_dim, max(rows_unit, cols_unit))
+
     def attention(flops_per_pair: int) -> float:
         """One pass of the flash kernel: its FLOPs over the pairs, or its operands' bytes."""
-        return max(pairs * heads * head_dim * flops_per_pair / rate, kernel_bytes / hbm)
+        return max(pairs * heads * head_width * flops_per_pair / rate, kernel_bytes / hbm)
 
     placed = train.placements
     recomputed = [op for op in projections if placed[op] == "recompute"]
@@ -167,18 +181,29 @@ def step_time(
     )
 
 
-@cache
 def calibration(name: str, platform: Platform) -> float:
     """A named calibration of configs/calibration.toml for a platform (measured runs cover TPU
     and GPU)."""
-    with open(config_path("calibration.toml"), "rb") as f:
-        table = tomllib.load(f).get(name, {})
-    entry = table.get(platform)
+    found = _calibrations().get(name, {})
+    entry = found.get(platform)
     if entry is None:
         raise MeshConfigError(
-            f"configs/calibration.toml has no {name} for {platform}; accepted: {sorted(table)}"
+            f"configs/calibration.toml has no {name} for {platform}; accepted: {sorted(found)}"
         )
     return float(entry["value"])
+
+
+def matmul_intensity(platform: Platform) -> float | None:
+    """The calibrated FLOPs per HBM byte of a tiled matmul on `platform`, None where the
+    calibration set shows no such limit (configs/calibration.toml)."""
+    entry = _calibrations().get("matmul_intensity", {}).get(platform)
+    return None if entry is None else float(entry["value"])
+
+
+@cache
+def _calibrations() -> dict[str, dict[str, dict[str, Any]]]:
+    with open(config_path("calibration.toml"), "rb") as f:
+        return tomllib.load(f)
 
 
 def _layer_elementwise(
@@ -214,6 +239,11 @@ def _update_bytes(train: TrainSpec) -> int:
     param, moment = dtype_bytes(train.param_dtype), dtype_bytes(train.opt_state_dtype)
     accumulator = 2 * dtype_bytes("float32") if train.microbatches > 1 else 0
     return 2 * param + 4 * moment + param + accumulator
+
+
+def _whole(n: int, unit: int) -> int:
+    """`n` rounded up to whole tiles of `unit`."""
+    return -(-n // unit) * unit
 
 
 def _causal_pairs(seq: int) -> float:

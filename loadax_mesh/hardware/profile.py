@@ -146,6 +146,7 @@ class DeviceFacts:
     tile: tuple[int, int] | None  # TPU memory tile (rows of 4-byte words, lanes), else None
     host_memory_bytes: float | None = None  # host memory one device may fill with offloads
     host_link_bandwidth: float | None = None  # bytes/s between a device and its host, each way
+    mxu: tuple[int, int] | None = None  # TPU matrix unit (rows, columns); None where not known
 
     @property
     def platform(self) -> Platform:
@@ -248,7 +249,6 @@ def _device_facts(
         host_link_bandwidth=base("host_link_bandwidth", per_chip),
     )
     if traits.tiled_memory:  # a TPU: ICI links of its torus, DCN shared by a host's chips
-        tile = spec.fact("memory_tile")
         return DeviceFacts(
             **common,  # type: ignore[arg-type]
             hbm_bandwidth=base("hbm_bandwidth", per_chip),
@@ -256,7 +256,8 @@ def _device_facts(
             ici_latency=base("ici_latency"),
             dcn_bandwidth=base("dcn_bandwidth", per_chip),
             dcn_latency=base("dcn_latency"),
-            tile=None if tile is None else (int(tile.value[0]), int(tile.value[1])),
+            tile=_pair(spec, "memory_tile"),
+            mxu=_pair(spec, "mxu"),
         ), None
     # NVLink through NVSwitch: a ring step moves at half a GPU's bidirectional NVLink bandwidth.
     return DeviceFacts(
@@ -268,3 +269,9 @@ def _device_facts(
         dcn_latency=base("network_latency"),
         tile=None,
     ), None
+
+
+def _pair(spec: HardwareSpec, name: str) -> tuple[int, int] | None:
+    """A catalogue fact of two ints (a memory tile, a matrix unit), None where not known."""
+    fact = spec.fact(name)
+    return None if fact is None or fact.value is None else (int(fact.value[0]), int(fact.value[1]))

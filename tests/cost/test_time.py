@@ -146,3 +146,32 @@ def test_a_two_matrix_tied_model_with_wide_heads_counted_by_hand() -> None:
         for m in (wide, replace(wide, tied_embeddings=False))
     )
     assert untied == 2 * tied == 4 * V * d * 2
+
+
+def test_a_head_narrower_than_the_matrix_unit_leaves_it_idle() -> None:
+    """Attention's matmuls all carry head_dim (contraction or output): on v6e's 256 x 256 MXU
+    (catalogue) a 128-wide head fills half of it, on v5p's 128 x 128 all of it."""
+    narrow = ModelSpec(**{**vars(LONG), "name": "narrow"})  # 32 heads of 128
+    wide = ModelSpec(**{**vars(LONG), "name": "wide", "num_heads": 16, "head_dim": 256})
+    train = TrainSpec(global_batch=64, remat="none")
+    for hardware, ratio in (("tpu-v5p-16", 1.0), ("tpu-v6e-8", 2.0)):
+        p = plan(hardware)
+        a, b = (estimate(p, m, train).time.attention for m in (narrow, wide))
+        assert a == pytest.approx(ratio * b), hardware  # the same FLOPs, in half-empty tiles
+
+
+def test_a_chip_whose_compute_outruns_its_memory_reaches_less_of_its_peak() -> None:
+    """The calibrated tile intensity (FLOPs per HBM byte) against each chip's balance: v6e
+    (918 TFLOP/s over 1638 GB/s, 560 FLOPs a byte) waits on HBM, v5p (166) does not."""
+    from loadax_mesh.cost.time import matmul_intensity
+
+    intensity = matmul_intensity("tpu")
+    assert intensity is not None and 166 < intensity < 918e12 / 1638e9
+    assert matmul_intensity("gpu") is None
+    train = TrainSpec(global_batch=64, remat="none")
+    for hardware, fed in (("tpu-v5p-16", 1.0), ("tpu-v6e-8", intensity * 1638e9 / 918e12)):
+        p = plan(hardware)
+        parts = plan_parts(p)
+        limited = estimate_parts(LONG, train, *parts)
+        free = estimate_parts(LONG, train, *parts, intensity=float("inf"))
+        assert limited.time.matmul == pytest.approx(free.time.matmul / fed), hardware
