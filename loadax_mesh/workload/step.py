@@ -236,11 +236,12 @@ class Step:
                 h, p, mesh=self.mesh, roles=self.roles, model=self.model, train=self.train
             )
             return jax.lax.with_sharding_constraint(x + checkpoint_name(mix, "mlp_out"), act), None
-        up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
-        if self.model.mlp == "swiglu":
-            gate = jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt))
-            hidden = jax.nn.silu(checkpoint_name(gate, "mlp_in")) * up
+        if self.model.mlp == "swiglu":  # gate first, as the memory model was measured on
+            gate = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt)), "mlp_in")
+            up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
+            hidden = jax.nn.silu(gate) * up
         else:
+            up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
             hidden = _ACTIVATIONS[self.model.mlp](up)
         down = jnp.einsum("bsf,fd->bsd", hidden, p["w_down"].astype(cdt))
         x = x + checkpoint_name(down, "mlp_out")
