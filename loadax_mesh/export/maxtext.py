@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..hardware.profile import attention_kernel
+from ..hardware.profile import attention_kernel, platform_traits
 from ..workload.layout import check_modelled
 from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
@@ -148,12 +148,14 @@ def _remat(train: TrainSpec) -> dict[str, str]:
 
 
 def _moe(train: TrainSpec, platform: str) -> dict[str, str]:
-    """The MoE keys of `train`: dropless as sparse grouped matmuls (megablox on TPU), capacity
-    as the dropping path; balanced routing as MaxText's forced (random) routing."""
+    """The MoE keys of `train`: dropless as sparse grouped matmuls (megablox, a Pallas kernel,
+    where jax's Pallas splash kernel runs: TPU), capacity as the dropping path; balanced
+    routing as MaxText's forced (random) routing."""
     dropless = train.moe == "dropless"
+    pallas = platform_traits(platform).fused_attention == "splash"
     keys = {
         "sparse_matmul": str(dropless).lower(),
-        "megablox": str(dropless and platform == "tpu").lower(),
+        "megablox": str(dropless and pallas).lower(),
         "capacity_factor": "-1" if dropless else repr(float(train.capacity_factor)),
     }
     if train.routing == "balanced":
