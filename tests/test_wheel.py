@@ -73,6 +73,14 @@ def test_wheel_ships_configs(tmp_path):
         assert Path(got[key]).is_relative_to(target), (key, got[key])
     assert {"v4", "v5litepod", "v5p", "v6e", "7x", "p5.48xlarge", "cpu"} <= set(got["types"])
     assert (got["chips"], got["hosts"], got["topology"]) == (256, 64, [4, 8, 8])
-    assert got["presets"] == ["dp", "dp_sp", "fsdp", "fsdp_tp", "hsdp", "pipeline_fsdp_tp"]
+    assert got["presets"] == [
+        "dp",
+        "dp_sp",
+        "fsdp",
+        "fsdp_ep",
+        "fsdp_tp",
+        "hsdp",
+        "pipeline_fsdp_tp",
+    ]
     assert got["shape"] == {"data": 1, "fsdp": 32, "model": 8}
     assert got["hardware"] == "tpu-v5p-512" and got["jax"] is False
