@@ -222,11 +222,12 @@ class Step:
         out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
         x = jax.lax.with_sharding_constraint(x + out, act)
         h = _rms_norm(x, p["mlp_norm"])
-        up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
         if self.model.mlp == "swiglu":
-            gate = jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt))
-            hidden = jax.nn.silu(checkpoint_name(gate, "mlp_in")) * up
+            gate = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt)), "mlp_in")
+            up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
+            hidden = jax.nn.silu(gate) * up
         else:
+            up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
             hidden = _ACTIVATIONS[self.model.mlp](up)
         down = jnp.einsum("bsf,fd->bsd", hidden, p["w_down"].astype(cdt))
         x = x + checkpoint_name(down, "mlp_out")
