@@ -4,11 +4,12 @@ recipe offloads to host memory.
 The step holds its arguments for the whole step (parameters and Adam's moments, donated so
 the updated ones reuse them; the batch) and, on top, what the phase it is in needs. Three phases
 can set the peak: the head of the backward pass (saved layer inputs, every gradient shard, the
-logits and their gradient, a gathered embedding table and its gradient), the layer loop (saved
-inputs, every gradient shard and, on TPU across data-parallel axes, their compute-dtype copy; one
-layer's weights gathered, twice for prefetch and once as their gradient before it is reduced;
-its intermediates, recomputed under full remat, and their gradients; on TPU the splash kernel's
-float32 buffers among them) and the tail (gradient shards, a table and its gradient). The
+logits and their gradient (on TPU one buffer), a gathered embedding table and its gradient),
+the layer loop (saved inputs, every gradient shard and, on TPU across data-parallel axes, their
+compute-dtype copy; one layer's weights gathered, twice for prefetch and once as their gradient
+before it is reduced; its intermediates' gradients; under full remat, counted one sublayer at a
+time with its weights, what it recomputes; on TPU the splash kernel's float32 buffers among
+them) and the tail (gradient shards, a table and its gradient). The
 largest is the peak. On TPU every array is stored in whole memory tiles.
 
 The recipe (TrainSpec): each named tensor of a layer is saved on the device, offloaded to host
@@ -21,6 +22,7 @@ logits and their gradient exist one chunk at a time, 1/C of them.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -157,8 +159,10 @@ _SCRATCH = ("kernel max", "kernel sum", "kernel output", "kernel dq", "kernel dk
 
 # A layer's backward pass holds the gradients of its intermediates, and under full remat also
 # the intermediates it recomputes (measured factors of the named policies, bench_cost; "offload"
-# recomputes what "full" does).
+# recomputes what "full" does); on TPU, where the compiler holds one sublayer's at a time, full
+# remat is counted per sublayer (`_recomputed_working`).
 _WORKING = {"full": 2, "dots": 1, "none": 1, "offload": 2}
+_RECOMPUTES = ("full", "offload")
 
 # The intermediates each named tensor of a layer (workload.spec.TENSORS) is, as the step names
 # them with checkpoint_name: the projections' outputs before the rotary embedding, the attention
@@ -273,16 +277,62 @@ def working_bytes(
     roles: Roles,
     tile: tuple[int, int] | None,
     kernel: str,
+    *,
+    per_sublayer: bool = False,
 ) -> int:
     """What one layer's backward pass holds of intermediates: their gradients, and what it
     recomputes. The named policies keep their measured factor; a custom placement holds every
-    gradient plus the named tensors it recomputes (as "dots" when it recomputes none)."""
+    gradient plus the named tensors it recomputes (as "dots" when it recomputes none). With
+    `per_sublayer`, full remat is counted one sublayer at a time, the weights included."""
+    found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
+    if per_sublayer and train.remat in _RECOMPUTES:
+        cd = dtype_bytes(train.compute_dtype)
+        return _recomputed_working(model, found, tile, kernel, roles.size("model"), cd)
     everything = layer_bytes(model, train, sh, roles, tile, kernel, saved=False)
     if isinstance(train.remat, str) and train.remat in _WORKING:
         return _WORKING[train.remat] * everything
-    found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
     again = (n for t, p in train.placements.items() if p == "recompute" for n in PARTS[t])
     return everything + sum(stored(*found[n], tile) for n in again if n in found)
+
+
+def _recomputed_working(
+    model: ModelSpec,
+    found: dict[str, tuple[tuple[int, ...], int]],
+    tile: tuple[int, int] | None,
+    kernel: str,
+    m: int,
+    cd: int,
+) -> int:
+    """What the backward pass of one fully recomputed layer holds at once, weights included:
+    it differentiates one sublayer at a time, holding that sublayer's gathered weights and
+    their gradient and the other sublayer's weights gathered ahead; the attention's residuals
+    (rotated q, keys, values, its output and log-sum-exp), which its backward reads; two
+    d_model-wide arrays (the layer's input, the gradient flowing back). In the MLP's backward,
+    the gradient of each input projection, and the projections' outputs the activation's
+    derivative reads (SwiGLU: gate and up; GELU: up; ReLU: none, its sign rides the fused
+    gradient); in the attention's, the residuals' gradients. The larger of the two, as
+    libtpu's live buffers at the peak show it (bench_cost: MaxText-2023 16B on v5e, ReLU: one
+    d_ff-wide buffer; LLaMA-3 8B on v5p, SwiGLU: four)."""
+
+    def size(names: Iterable[str]) -> int:
+        return sum(
+            stored(*found[n], tile, minor=-1 if _fixed(n, False) else None)
+            for n in names
+            if n in found
+        )
+
+    attention_w = model.d_model * model.head_dim * 2 * (model.num_heads + model.num_kv_heads)
+    attention_w = attention_w // m * cd
+    mlp_w = layer_weights(model, m) * cd - attention_w
+    kv = ("gathered k", "gathered v") if "gathered k" in found else ("rotated k", "v")
+    residuals = size(("rotated q", *kv, "attention", "attention logsumexp"))
+    residuals += size(n for n in ("scores", "probabilities"))
+    stream = 2 * size(("input",))
+    projections = ("gate", "up") if model.mlp == "swiglu" else ("up",)
+    read = {"swiglu": projections, "gelu": ("up",), "relu": ()}[model.mlp]
+    mlp = 2 * mlp_w + attention_w + size(projections) + size(read) + residuals + stream
+    attention = 2 * attention_w + mlp_w + 2 * residuals + stream
+    return max(mlp, attention)
 
 
 # The attention kernel's operands and result: head_dim is their minor dim.
@@ -315,7 +365,10 @@ def memory_terms(
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
     layer = layer_weights(model, roles.size("model")) * cd
-    logits = 2 * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
+    per_sublayer = device.traits.one_sublayer_at_a_time and train.remat in _RECOMPUTES
+    # The logits and their gradient; one buffer where the gradient overwrites them (libtpu).
+    copies = 1 if device.traits.logits_gradient_in_place else 2
+    logits = copies * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
     return terms | {
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
         "activations": model.num_layers
@@ -323,7 +376,10 @@ def memory_terms(
         "logits": -(-logits // train.logits_chunks),
         # Gradient accumulation: the running sum of every gradient shard, in float32.
         "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
-        "layer": 3 * layer + working_bytes(model, train, sh, roles, tile, kernel),
+        # One layer's weights gathered (twice for prefetch, once as their gradient) and what its
+        # backward pass holds; under full remat, counted per sublayer with its weights.
+        "layer": 3 * layer * (not per_sublayer)
+        + working_bytes(model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer),
     }
 
 
