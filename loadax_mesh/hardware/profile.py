@@ -55,9 +55,6 @@ class PlatformTraits:
     # TPU host-offload copies run beside their own pass's compute; on GPU they wait
     # (measured on an H200: benchmarks/bench_gpu_step.py).
     offload_overlaps_compute: bool
-    # libtpu writes the logits' gradient over the logits: the backward pass's head holds one
-    # logits-sized buffer (buffer report: LLaMA-3 8B, v5p-128, 4 layers); on GPU two counted.
-    logits_gradient_in_place: bool
     # libtpu's backward pass of a fully recomputed layer holds one sublayer's buffers at a
     # time (its live ranges at the peak); on GPU the whole layer's are counted.
     one_sublayer_at_a_time: bool
@@ -86,7 +83,6 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         preallocated_pool=False,
         holds_reduced_gradients=True,
         offload_overlaps_compute=True,
-        logits_gradient_in_place=True,
         one_sublayer_at_a_time=True,
     ),
     "gpu": PlatformTraits(
@@ -105,7 +101,6 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         preallocated_pool=True,
         holds_reduced_gradients=False,
         offload_overlaps_compute=False,
-        logits_gradient_in_place=False,
         one_sublayer_at_a_time=False,
     ),
     "cpu": PlatformTraits(
@@ -124,7 +119,6 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         preallocated_pool=False,
         holds_reduced_gradients=False,
         offload_overlaps_compute=False,
-        logits_gradient_in_place=False,
         one_sublayer_at_a_time=False,
     ),
 }

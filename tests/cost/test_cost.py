@@ -37,7 +37,7 @@ def test_memory_counted_by_hand():
     assert e.terms["gradients"] == 4 * per_device
     assert e.terms["batch"] == 2 * 4 * tokens
     assert e.terms["activations"] == L * tokens * D * cd  # full remat: each layer's input
-    assert e.terms["logits"] == tokens * V * cd  # their gradient written over them (libtpu)
+    assert e.terms["logits"] == 2 * tokens * V * cd  # and their gradient
     assert e.terms["embeddings"] == 2 * V * D * cd  # a gathered table and its gradient
     # Full remat on TPU, one sublayer at a time. The MLP's backward (the larger here): its
     # weights gathered and their gradient, the attention's gathered ahead; gate and up
@@ -189,11 +189,11 @@ def test_choosing_for_a_model_the_cost_model_does_not_price_says_so() -> None:
         choose_mesh("tpu-v5p-128", "mixtral-8x7b", TrainSpec(global_batch=64))
 
 
-def test_full_remat_on_tpu_holds_one_sublayer_and_one_logits_buffer():
+def test_full_remat_on_tpu_holds_one_sublayer_at_a_time():
     """libtpu's live buffers at the peak: a recomputed layer's backward holds one sublayer's
     weights and gradients at a time, and of a two-matrix ReLU MLP only the gradient of its
-    input projection (the sign rides the fused gradient); one logits-sized buffer in the head.
-    GPU keeps the whole-layer count (factor 2) and two logits-sized buffers."""
+    input projection (the sign rides the fused gradient). GPU, and a tensor axis, keep the
+    whole-layer count (factor 2)."""
     from dataclasses import replace
 
     from loadax_mesh.cost.memory import memory_terms
@@ -215,5 +215,9 @@ def test_full_remat_on_tpu_holds_one_sublayer_and_one_logits_buffer():
     assert attention > mlp and relu["layer"] == attention
     # SwiGLU: its MLP phase, with gate and up and their gradients, is the larger.
     assert swiglu["layer"] == 2 * 3 * D * F * cd + qkvo + 4 * S * F * cd + residuals + stream
-    gpu = memory_terms(SMALL, train, r, GPU)
-    assert swiglu["logits"] == S * 1024 * cd and gpu["logits"] == 2 * swiglu["logits"]
+    # Over a tensor axis the whole-layer count: three gathered copies of the weights, twice
+    # every intermediate ("dots": once).
+    tensor = roles([("fsdp", 4), ("model", 2)], ["fsdp"])
+    dots = memory_terms(SMALL, TrainSpec(global_batch=8, remat="dots"), tensor, TPU)["layer"]
+    weights = 3 * (qkvo + 3 * D * F * cd) // 2  # a layer's weights, halved over the tensor axis
+    assert memory_terms(SMALL, train, tensor, TPU)["layer"] == 2 * dots - weights
