@@ -4,13 +4,13 @@ recipe offloads to host memory.
 The step holds its arguments for the whole step (parameters and Adam's moments, donated so
 the updated ones reuse them; the batch) and, on top, what the phase it is in needs. Three phases
 can set the peak: the head of the backward pass (saved layer inputs, every gradient shard, the
-logits and their gradient, a gathered embedding table and its gradient),
-the layer loop (saved inputs, every gradient shard and, on TPU across data-parallel axes, their
-compute-dtype copy; one layer's weights gathered, twice for prefetch and once as their gradient
-before it is reduced; its intermediates' gradients; under full remat, counted one sublayer at a
-time with its weights, what it recomputes; on TPU the splash kernel's float32 buffers among
-them) and the tail (gradient shards, a table and its gradient). The
-largest is the peak. On TPU every array is stored in whole memory tiles.
+logits and their gradient, a gathered embedding table and its gradient), the layer loop (saved
+inputs, every gradient shard and, on TPU across data-parallel axes, their compute-dtype copy; one
+layer's weights gathered, twice for prefetch and once as their gradient before it is reduced;
+its intermediates, recomputed under full remat, and their gradients, on TPU one sublayer at a
+time; on TPU the splash kernel's float32 buffers among them) and the tail (gradient shards, a
+table and its gradient). The largest is the peak. On TPU every array is stored in whole memory
+tiles.
 
 The recipe (TrainSpec): each named tensor of a layer is saved on the device, offloaded to host
 memory, or recomputed in the backward pass; with `microbatches` M every per-row tensor (saved
@@ -293,7 +293,7 @@ def working_bytes(
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
     if per_sublayer and _recomputes_sublayers(train):
         cd = dtype_bytes(train.compute_dtype)
-        return _recomputed_working(model, found, tile, kernel, roles.size("model"), cd)
+        return _recomputed_working(model, found, tile, roles.size("model"), cd)
     everything = layer_bytes(model, train, sh, roles, tile, kernel, saved=False)
     if isinstance(train.remat, str) and train.remat in _WORKING:
         return _WORKING[train.remat] * everything
@@ -305,7 +305,6 @@ def _recomputed_working(
     model: ModelSpec,
     found: dict[str, tuple[tuple[int, ...], int]],
     tile: tuple[int, int] | None,
-    kernel: str,
     m: int,
     cd: int,
 ) -> int:
@@ -327,12 +326,11 @@ def _recomputed_working(
             if n in found
         )
 
-    attention_w = model.d_model * model.head_dim * 2 * (model.num_heads + model.num_kv_heads)
-    attention_w = attention_w // m * cd
-    mlp_w = layer_weights(model, m) * cd - attention_w
+    mlp_w = model.mlp_params(model.d_ff) // m * cd
+    attention_w = layer_weights(model, m) * cd - mlp_w
     kv = ("gathered k", "gathered v") if "gathered k" in found else ("rotated k", "v")
-    residuals = size(("rotated q", *kv, "attention", "attention logsumexp"))
-    residuals += size(n for n in ("scores", "probabilities"))
+    residuals = size(("rotated q", *kv, "attention", "attention logsumexp", "scores"))
+    residuals += size(("probabilities",))
     stream = 2 * size(("input",))
     projections = ("gate", "up") if model.mlp == "swiglu" else ("up",)
     read = {"swiglu": projections, "gelu": ("up",), "relu": ()}[model.mlp]
