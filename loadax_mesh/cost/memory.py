@@ -7,10 +7,9 @@ can set the peak: the head of the backward pass (saved layer inputs, every gradi
 logits and their gradient, a gathered embedding table and its gradient), the layer loop (saved
 inputs, every gradient shard and, on TPU across data-parallel axes, their compute-dtype copy; one
 layer's weights gathered, twice for prefetch and once as their gradient before it is reduced;
-its intermediates, recomputed under full remat, and their gradients, on TPU one sublayer at a
-time; on TPU the splash kernel's float32 buffers among them) and the tail (gradient shards, a
-table and its gradient). The largest is the peak. On TPU every array is stored in whole memory
-tiles.
+its intermediates, recomputed under full remat, and their gradients; on TPU the splash kernel's
+float32 buffers among them) and the tail (gradient shards, a table and its gradient). The
+largest is the peak. On TPU every array is stored in whole memory tiles.
 
 The recipe (TrainSpec): each named tensor of a layer is saved on the device, offloaded to host
 memory, or recomputed in the backward pass; with `microbatches` M every per-row tensor (saved
@@ -22,13 +21,13 @@ logits and their gradient exist one chunk at a time, 1/C of them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
 from ..hardware.profile import DeviceFacts, attention_kernel
 from ..workload.layout import Roles, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from .sublayer import counted_per_sublayer, recomputed_working
 
 
 @dataclass(frozen=True)
@@ -159,16 +158,8 @@ _SCRATCH = ("kernel max", "kernel sum", "kernel output", "kernel dq", "kernel dk
 
 # A layer's backward pass holds the gradients of its intermediates, and under full remat also
 # the intermediates it recomputes (measured factors of the named policies, bench_cost; "offload"
-# recomputes what "full" does); on TPU, where the compiler holds one sublayer's at a time, full
-# remat is counted per sublayer (`_recomputed_working`).
+# recomputes what "full" does); on TPU full remat is counted per sublayer (`sublayer`).
 _WORKING = {"full": 2, "dots": 1, "none": 1, "offload": 2}
-
-
-def _recomputes_sublayers(train: TrainSpec) -> bool:
-    """Whether the backward pass rebuilds each sublayer: nothing but the layer's input is kept
-    on the device (full remat, or a recipe that offloads some of the rest)."""
-    return all(p != "device" for t, p in train.placements.items() if t != "layer_input")
-
 
 # The intermediates each named tensor of a layer (workload.spec.TENSORS) is, as the step names
 # them with checkpoint_name: the projections' outputs before the rotary embedding, the attention
@@ -288,55 +279,18 @@ def working_bytes(
 ) -> int:
     """What one layer's backward pass holds of intermediates: their gradients, and what it
     recomputes. The named policies keep their measured factor; a custom placement holds every
-    gradient plus the named tensors it recomputes (as "dots" when it recomputes none). With
-    `per_sublayer`, full remat is counted one sublayer at a time, the weights included."""
+    gradient plus the named tensors it recomputes (as "dots" when it recomputes none);
+    `per_sublayer`: one sublayer at a time, weights included (`sublayer`)."""
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
-    if per_sublayer and _recomputes_sublayers(train):
-        cd = dtype_bytes(train.compute_dtype)
-        return _recomputed_working(model, found, tile, roles.size("model"), cd)
+    if per_sublayer:
+        fixed = {n: -1 if _fixed(n, False) else None for n in found}
+        sizes = {n: stored(*v, tile, minor=fixed[n]) for n, v in found.items()}
+        return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype)
     everything = layer_bytes(model, train, sh, roles, tile, kernel, saved=False)
     if isinstance(train.remat, str) and train.remat in _WORKING:
         return _WORKING[train.remat] * everything
     again = (n for t, p in train.placements.items() if p == "recompute" for n in PARTS[t])
     return everything + sum(stored(*found[n], tile) for n in again if n in found)
-
-
-def _recomputed_working(
-    model: ModelSpec,
-    found: dict[str, tuple[tuple[int, ...], int]],
-    tile: tuple[int, int] | None,
-    m: int,
-    cd: int,
-) -> int:
-    """What the backward pass of one fully recomputed layer holds at once, weights included:
-    it differentiates one sublayer at a time, holding that sublayer's gathered weights and
-    their gradient and the other sublayer's weights gathered ahead; the attention's residuals
-    (rotated q, keys, values, its output and log-sum-exp), which its backward reads; two
-    d_model-wide arrays (the layer's input, the gradient flowing back). In the MLP's backward,
-    the gradient of each input projection, and the projections' outputs the activation's
-    derivative reads (SwiGLU: gate and up; GELU: up; ReLU: none, its sign rides the fused
-    gradient); in the attention's, the residuals' gradients. The larger of the two, as
-    libtpu's live buffers at the peak show it (bench_cost: MaxText-2023 16B on v5e, ReLU: one
-    d_ff-wide buffer; LLaMA-3 8B on v5p, SwiGLU: four)."""
-
-    def size(names: Iterable[str]) -> int:
-        return sum(
-            stored(*found[n], tile, minor=-1 if _fixed(n, False) else None)
-            for n in names
-            if n in found
-        )
-
-    mlp_w = model.mlp_params(model.d_ff) // m * cd
-    attention_w = layer_weights(model, m) * cd - mlp_w
-    kv = ("gathered k", "gathered v") if "gathered k" in found else ("rotated k", "v")
-    residuals = size(("rotated q", *kv, "attention", "attention logsumexp", "scores"))
-    residuals += size(("probabilities",))
-    stream = 2 * size(("input",))
-    projections = ("gate", "up") if model.mlp == "swiglu" else ("up",)
-    read = {"swiglu": projections, "gelu": ("up",), "relu": ()}[model.mlp]
-    mlp = 2 * mlp_w + attention_w + size(projections) + size(read) + residuals + stream
-    attention = 2 * attention_w + mlp_w + 2 * residuals + stream
-    return max(mlp, attention)
 
 
 # The attention kernel's operands and result: head_dim is their minor dim.
@@ -369,11 +323,7 @@ def memory_terms(
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
     layer = layer_weights(model, roles.size("model")) * cd
-    # Measured without a tensor axis; over one (its gathered and partial activations not
-    # counted yet: LLaMA-3 70B v5p-1024 fsdp 128 x tensor 4 would be 0.84 of its assignment)
-    # the whole-layer factor stays.
-    per_sublayer = device.traits.one_sublayer_at_a_time and _recomputes_sublayers(train)
-    per_sublayer = per_sublayer and roles.size("model") == 1
+    per_sublayer = counted_per_sublayer(train, roles, device.traits.one_sublayer_at_a_time)
     logits = 2 * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
     return terms | {
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
@@ -382,8 +332,6 @@ def memory_terms(
         "logits": -(-logits // train.logits_chunks),
         # Gradient accumulation: the running sum of every gradient shard, in float32.
         "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
-        # One layer's weights gathered (twice for prefetch, once as their gradient) and what its
-        # backward pass holds; under full remat, counted per sublayer with its weights.
         "layer": 3 * layer * (not per_sublayer)
         + working_bytes(model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer),
     }
