@@ -27,6 +27,7 @@ from functools import lru_cache
 from ..hardware.profile import DeviceFacts, attention_kernel
 from ..workload.layout import Roles, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from .sublayer import counted_per_sublayer, recomputed_working
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ _SCRATCH = ("kernel max", "kernel sum", "kernel output", "kernel dq", "kernel dk
 
 # A layer's backward pass holds the gradients of its intermediates, and under full remat also
 # the intermediates it recomputes (measured factors of the named policies, bench_cost; "offload"
-# recomputes what "full" does).
+# recomputes what "full" does); on TPU full remat is counted per sublayer (`sublayer`).
 _WORKING = {"full": 2, "dots": 1, "none": 1, "offload": 2}
 
 # The intermediates each named tensor of a layer (workload.spec.TENSORS) is, as the step names
@@ -273,14 +274,21 @@ def working_bytes(
     roles: Roles,
     tile: tuple[int, int] | None,
     kernel: str,
+    *,
+    per_sublayer: bool = False,
 ) -> int:
     """What one layer's backward pass holds of intermediates: their gradients, and what it
     recomputes. The named policies keep their measured factor; a custom placement holds every
-    gradient plus the named tensors it recomputes (as "dots" when it recomputes none)."""
+    gradient plus the named tensors it recomputes (as "dots" when it recomputes none);
+    `per_sublayer`: one sublayer at a time, weights included (`sublayer`)."""
+    found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
+    if per_sublayer:
+        fixed = {n: -1 if _fixed(n, False) else None for n in found}
+        sizes = {n: stored(*v, tile, minor=fixed[n]) for n, v in found.items()}
+        return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype)
     everything = layer_bytes(model, train, sh, roles, tile, kernel, saved=False)
     if isinstance(train.remat, str) and train.remat in _WORKING:
         return _WORKING[train.remat] * everything
-    found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
     again = (n for t, p in train.placements.items() if p == "recompute" for n in PARTS[t])
     return everything + sum(stored(*found[n], tile) for n in again if n in found)
 
@@ -315,6 +323,7 @@ def memory_terms(
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
     layer = layer_weights(model, roles.size("model")) * cd
+    per_sublayer = counted_per_sublayer(train, roles, device.traits.one_sublayer_at_a_time)
     logits = 2 * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
     return terms | {
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
@@ -323,7 +332,8 @@ def memory_terms(
         "logits": -(-logits // train.logits_chunks),
         # Gradient accumulation: the running sum of every gradient shard, in float32.
         "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
-        "layer": 3 * layer + working_bytes(model, train, sh, roles, tile, kernel),
+        "layer": 3 * layer * (not per_sublayer)
+        + working_bytes(model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer),
     }
 
 

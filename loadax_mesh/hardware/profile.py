@@ -55,6 +55,9 @@ class PlatformTraits:
     # TPU host-offload copies run beside their own pass's compute; on GPU they wait
     # (measured on an H200: benchmarks/bench_gpu_step.py).
     offload_overlaps_compute: bool
+    # libtpu's backward pass of a fully recomputed layer holds one sublayer's buffers at a
+    # time (its live ranges at the peak); on GPU the whole layer's are counted.
+    one_sublayer_at_a_time: bool
 
     def compile_options(self, dump_dir: str) -> dict[str, Any] | None:
         """Options for `Lowered.compile`: where the compiler judges fit (libtpu), a dump
@@ -80,6 +83,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         preallocated_pool=False,
         holds_reduced_gradients=True,
         offload_overlaps_compute=True,
+        one_sublayer_at_a_time=True,
     ),
     "gpu": PlatformTraits(
         platform="gpu",
@@ -97,6 +101,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         preallocated_pool=True,
         holds_reduced_gradients=False,
         offload_overlaps_compute=False,
+        one_sublayer_at_a_time=False,
     ),
     "cpu": PlatformTraits(
         platform="cpu",
@@ -114,6 +119,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         preallocated_pool=False,
         holds_reduced_gradients=False,
         offload_overlaps_compute=False,
+        one_sublayer_at_a_time=False,
     ),
 }
 

@@ -39,16 +39,16 @@ def test_memory_counted_by_hand():
     assert e.terms["activations"] == L * tokens * D * cd  # full remat: each layer's input
     assert e.terms["logits"] == 2 * tokens * V * cd  # and their gradient
     assert e.terms["embeddings"] == 2 * V * D * cd  # a gathered table and its gradient
-    # One layer's weights gathered three times over, its intermediates recomputed and their
-    # gradients: per token 5 d_model-wide tensors, q, rotated q and the attention output
-    # (8 heads), k, v and rotated k (2 heads), gate, up and gated; the two norms' float32
-    # inputs; the splash kernel's float32 buffers: its log-sum-exp per head and token, written
-    # over 128 lanes, and six accumulators of a 128-row block by 128 lanes (running max and
-    # sum, output; dq, dk, dv: head_dim 128).
-    per_token = 5 * D + 3 * 8 * 128 + 3 * 2 * 128 + 3 * F
-    kernel = 8 * tokens * 128 * 4 + 6 * 128 * 128 * 4
-    intermediates = tokens * per_token * cd + 2 * tokens * D * 4 + kernel
-    assert e.terms["layer"] == 3 * layer_weights * cd + 2 * intermediates
+    # Full remat on TPU, one sublayer at a time. The MLP's backward (the larger here): its
+    # weights gathered and their gradient, the attention's gathered ahead; gate and up
+    # recomputed and their gradients (4 d_ff-wide per token); the attention's residuals:
+    # rotated q and its output (8 heads), rotated k and v (2), the splash kernel's float32
+    # log-sum-exp written over 128 lanes; the layer's input and the gradient flowing back.
+    residuals = tokens * (8 + 8 + 2 + 2) * 128 * cd + 8 * tokens * 128 * 4
+    mlp = 2 * 3 * D * F * cd + qkvo * cd + 4 * tokens * F * cd + residuals + 2 * tokens * D * cd
+    attention = 2 * qkvo * cd + 3 * D * F * cd + 2 * residuals + 2 * tokens * D * cd
+    assert mlp > attention
+    assert e.terms["layer"] == mlp
     always = e.terms["params"] + e.terms["optimizer"] + e.terms["batch"]
     loop = always + e.terms["activations"] + e.terms["gradients"] + e.terms["layer"]
     assert e.phases["layer loop"] == loop == e.memory_bytes == sum(e.memory.values())
@@ -91,10 +91,10 @@ def test_only_tpu_splash_attention_holds_the_kernels_buffers():
     from loadax_mesh.workload.layout import roles
 
     r = roles([("data", 1), ("fsdp", 8)], ["data", "fsdp"])
-    train = TrainSpec(global_batch=8)
+    train = TrainSpec(global_batch=8, remat="dots")
     tpu, gpu = (memory_terms(SMALL, train, r, device)["layer"] for device in (TPU, GPU))
-    kernel = 8 * 128 * 128 * 4 + 6 * 128 * 128 * 4  # as counted by hand above
-    assert tpu - gpu == 2 * (kernel - 8 * 128 * 4)  # full remat: recomputed, and gradients
+    kernel = 8 * 128 * 128 * 4 + 6 * 128 * 128 * 4  # lane-wide log-sum-exp, accumulators
+    assert tpu - gpu == kernel - 8 * 128 * 4  # "dots": the gradients of the intermediates
 
 
 def test_only_tpu_holds_a_compute_dtype_set_of_data_parallel_gradients():
@@ -187,3 +187,37 @@ def test_choose_mesh_takes_a_model_name_and_auto_names_unknown_options():
 def test_choosing_for_a_model_the_cost_model_does_not_price_says_so() -> None:
     with pytest.raises(MeshConfigError, match="num_experts=8 is not modelled yet"):
         choose_mesh("tpu-v5p-128", "mixtral-8x7b", TrainSpec(global_batch=64))
+
+
+def test_full_remat_on_tpu_holds_one_sublayer_at_a_time():
+    """libtpu's live buffers at the peak: a recomputed layer's backward holds one sublayer's
+    weights and gradients at a time, and of a two-matrix ReLU MLP only the gradient of its
+    input projection (the sign rides the fused gradient). GPU, and a tensor axis, keep the
+    whole-layer count (factor 2)."""
+    from dataclasses import replace
+
+    from loadax_mesh.cost.memory import memory_terms
+    from loadax_mesh.workload.layout import roles
+
+    r = roles([("data", 1), ("fsdp", 8)], ["data", "fsdp"])
+    train = TrainSpec(global_batch=8)
+    D, F, S, cd = 1024, 1024, 128, 2
+    swiglu = memory_terms(SMALL, train, r, TPU)
+    relu = memory_terms(replace(SMALL, mlp="relu"), train, r, TPU)
+    qkvo = D * 128 * (2 * 8 + 2 * 2) * cd
+    residuals = S * (8 + 8 + 2 + 2) * 128 * cd + 8 * S * 128 * 4  # as counted above
+    stream = 2 * S * D * cd
+    # ReLU: two matrices; its MLP phase holds the up projection's gradient alone, and here the
+    # attention phase (its weights twice, the MLP's once, the residuals and their gradients)
+    # is the larger.
+    mlp = 2 * 2 * D * F * cd + qkvo + S * F * cd + residuals + stream
+    attention = 2 * qkvo + 2 * D * F * cd + 2 * residuals + stream
+    assert attention > mlp and relu["layer"] == attention
+    # SwiGLU: its MLP phase, with gate and up and their gradients, is the larger.
+    assert swiglu["layer"] == 2 * 3 * D * F * cd + qkvo + 4 * S * F * cd + residuals + stream
+    # Over a tensor axis the whole-layer count: three gathered copies of the weights, twice
+    # every intermediate ("dots": once).
+    tensor = roles([("fsdp", 4), ("model", 2)], ["fsdp"])
+    dots = memory_terms(SMALL, TrainSpec(global_batch=8, remat="dots"), tensor, TPU)["layer"]
+    weights = 3 * (qkvo + 3 * D * F * cd) // 2  # a layer's weights, halved over the tensor axis
+    assert memory_terms(SMALL, train, tensor, TPU)["layer"] == 2 * dots - weights

@@ -1,0 +1,58 @@
+"""What the backward pass of one fully recomputed layer holds at once on TPU, one sublayer at a
+time (libtpu's live buffers at its peak; benchmarks/RESULTS.md, 2026-11-26)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..workload.layout import Roles
+from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+
+
+def counted_per_sublayer(train: TrainSpec, roles: Roles, one_sublayer_at_a_time: bool) -> bool:
+    """Whether a layer's backward pass is counted one sublayer at a time: where the compiler
+    holds one sublayer's buffers at a time (`PlatformTraits.one_sublayer_at_a_time`) and the
+    pass rebuilds each sublayer (nothing but the layer's input kept on the device: full remat,
+    or a recipe that offloads some of the rest). Not over a tensor axis, whose gathered and
+    partial activations are not counted yet (LLaMA-3 70B v5p-1024 fsdp 128 x tensor 4 would be
+    0.84 of libtpu's assignment)."""
+    kept = any(p == "device" for t, p in train.placements.items() if t != "layer_input")
+    return one_sublayer_at_a_time and roles.size("model") == 1 and not kept
+
+
+def recomputed_working(
+    model: ModelSpec,
+    sizes: dict[str, int],
+    m: int,
+    compute_dtype: str,
+) -> int:
+    """Bytes the backward pass of one recomputed layer holds at once, weights included; `sizes`:
+    the bytes of each of its intermediates (`memory._intermediates`), as stored; `m`: the
+    tensor axis's size.
+
+    It differentiates one sublayer at a time, holding that sublayer's gathered weights and
+    their gradient and the other sublayer's weights gathered ahead; the attention's residuals
+    (rotated q, keys and values, its output and log-sum-exp), which its backward reads; two
+    d_model-wide arrays (the layer's input, the gradient flowing back). In the MLP's backward,
+    the gradient of each input projection, and the projections' outputs the activation's
+    derivative reads (SwiGLU: gate and up; GELU: up; ReLU: none, its sign rides the fused
+    gradient); in the attention's, the residuals' gradients. The larger of the two, as libtpu's
+    live buffers show it (MaxText-2023 16B on v5e, ReLU: one d_ff-wide buffer; LLaMA-3 8B on
+    v5p, SwiGLU: four)."""
+
+    def size(names: Iterable[str]) -> int:
+        return sum(sizes.get(n, 0) for n in names)
+
+    cd = dtype_bytes(compute_dtype)
+    mlp_weights = model.mlp_params(model.d_ff) // m * cd
+    attention_weights = (model.layer_params - 2 * model.d_model) // m * cd - mlp_weights
+    kv = ("gathered k", "gathered v") if "gathered k" in sizes else ("rotated k", "v")
+    residuals = size(("rotated q", *kv, "attention", "attention logsumexp", "scores"))
+    residuals += size(("probabilities",))
+    stream = 2 * size(("input",))
+    projections = ("gate", "up") if model.mlp == "swiglu" else ("up",)
+    read = {"swiglu": projections, "gelu": ("up",), "relu": ()}[model.mlp]
+    own = size(projections) + size(read)
+    mlp = 2 * mlp_weights + attention_weights + own + residuals + stream
+    attention = 2 * attention_weights + mlp_weights + 2 * residuals + stream
+    return max(mlp, attention)
