@@ -185,5 +185,5 @@ def test_choose_mesh_takes_a_model_name_and_auto_names_unknown_options():
 
 
 def test_choosing_for_a_model_the_cost_model_does_not_price_says_so() -> None:
-    with pytest.raises(MeshConfigError, match="num_experts=8 is not modelled yet"):
-        choose_mesh("tpu-v5p-128", "mixtral-8x7b", TrainSpec(global_batch=64))
+    with pytest.raises(MeshConfigError, match="attention='mla' is not modelled yet"):
+        choose_mesh("tpu-v5p-128", "deepseek-v3", TrainSpec(global_batch=64))
