@@ -10,6 +10,11 @@ device and per step. What each role's axis carries:
   recompute, and its gradient reduced per chunk. (Where the TPU
   compiler turns a gather or a reduce-scatter into a collective matmul, a ring of permutes
   inside the matmul, the ring moves the same bytes.)
+  A model with MoE layers: `moe_collectives` (its routed experts gathered over fsdp alone).
+  Where the mesh has an expert axis it acts as FSDP outside the experts: those gathers span
+  fsdp and expert together, counted on fsdp (on expert where fsdp has size 1).
+- Expert: per MoE layer the all-to-alls that carry tokens to their experts and back
+  (`exchanges`), exposed.
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
 - Tensor (`model`): the residual stream is cut over it (workload.layout's `hidden`). Per layer
   the forward pass gathers the two norms' outputs for their matmuls and reduce-scatters the two
