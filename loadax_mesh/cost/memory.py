@@ -27,7 +27,8 @@ from functools import lru_cache, partial
 from ..hardware.profile import DeviceFacts, attention_kernel
 from ..workload.layout import Roles, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from .moe import MOE_NAMES, dense_layer_weights, moe_intermediates, moe_layer_weights, moe_residuals
+from .moe import MOE_NAMES, dense_layer_weights, moe_intermediates, moe_layer_weights
+from .saved import PARTS, kept
 
 
 @dataclass(frozen=True)
@@ -165,90 +166,6 @@ _SCRATCH = ("kernel max", "kernel sum", "kernel output", "kernel dq", "kernel dk
 # recomputes what "full" does).
 _WORKING = {"full": 2, "dots": 1, "none": 1, "offload": 2}
 
-# The intermediates each named tensor of a layer (workload.spec.TENSORS) is, as the step names
-# them with checkpoint_name: the projections' outputs before the rotary embedding, the attention
-# kernel's output, the output projection, the MLP's input projections (SwiGLU's gate and up; a
-# two-matrix MLP's up alone), its down projection.
-PARTS = {
-    "layer_input": ("input",),
-    "query": ("q",),
-    "key": ("k",),
-    "value": ("v",),
-    "attention_out": ("attention",),
-    "out_proj": ("attention projection",),
-    "mlp_in": ("gate", "up"),
-    "mlp_out": ("down",),
-}
-
-
-def _kept(
-    train: TrainSpec,
-    found: dict[str, tuple[tuple[int, ...], int]],
-    where: str,
-    kernel: str,
-    mlp: str,
-) -> dict[str, tuple[tuple[int, ...], int]]:
-    """The intermediates the recipe keeps `where` ("device" or "offload") for the backward
-    pass: the named tensors it places there, or under "none" (no checkpoint) what autodiff
-    itself saves (`_residuals`)."""
-    if train.remat == "none":
-        return _residuals(found, kernel, mlp) if where == "device" else {}
-    return {
-        n: found[n]
-        for t, p in train.placements.items()
-        if p == where
-        for n in PARTS[t]
-        if n in found
-    }
-
-
-# The MLP's named intermediates autodiff keeps (_residuals), by ModelSpec.mlp.
-_MLP_RESIDUALS = {
-    "swiglu": ("gate", "up", "gated"),
-    "relu": ("activated",),
-    "gelu": ("up", "activated"),
-}
-
-
-def _residuals(
-    found: dict[str, tuple[tuple[int, ...], int]], kernel: str, mlp_kind: str
-) -> dict[str, tuple[tuple[int, ...], int]]:
-    """What jax's autodiff saves of one layer when nothing is checkpointed: each operation's
-    residuals, not the named tensors. Each norm keeps its float32 input and normalised value
-    and its output (the projections' input); attention its operands (keys and values gathered
-    along the sequence where it is split) and output, splash also its output in the kernel's
-    layout and its log-sum-exp; the SwiGLU its gate and up projections, the sigmoid and its
-    slope, the SiLU and the product; a ReLU MLP its activation (the down projection's input)
-    and the sign of its input (a byte an element); a GELU MLP its input, its tanh and its
-    activation. The rotary embedding (linear), the output and down projections and the
-    residual adds (their outputs only feed adds) keep nothing. As the TPU
-    compiler's buffers show them (LLaMA-3 70B, v5p-1024, fsdp 128 x seq 4: six [layers, rows,
-    seq, d_ff] stacks, four float32 [.., d_model], two compute-dtype [.., d_model])."""
-    f32: tuple[tuple[int, ...], int] = (found["input"][0], 4)
-    kv = ("gathered k", "gathered v") if "gathered k" in found else ("rotated k", "v")
-    names = ["attention norm input", "attention norm", "mlp norm input", "mlp norm"]
-    names += ["rotated q", *kv, "attention"]
-    extra: dict[str, tuple[tuple[int, ...], int]] = {"attention normed": f32, "mlp normed": f32}
-    if "up" not in found:  # a MoE layer: its block's residuals
-        extra |= moe_residuals(found)
-    elif mlp_kind == "swiglu":
-        mlp = found["up"]
-        names += _MLP_RESIDUALS[mlp_kind]
-        extra |= {"sigmoid": mlp, "sigmoid slope": mlp, "silu": mlp}
-    elif mlp_kind == "relu":
-        names += _MLP_RESIDUALS[mlp_kind]
-        extra["relu sign"] = (found["up"][0], 1)
-    else:
-        names += _MLP_RESIDUALS[mlp_kind]
-        extra["gelu tanh"] = found["up"]
-    if kernel in ("splash", "cudnn"):  # kept as [rows, heads, seq], not as splash writes it
-        lse_shape = found["attention logsumexp"][0]
-        extra["attention logsumexp"] = (lse_shape[:3], 4)
-    if kernel == "splash":
-        extra["kernel result"] = found["attention"]
-    names += [n for n in ("scores", "probabilities") if n in found]
-    return {n: found[n] for n in names} | extra
-
 
 @lru_cache(maxsize=8192)
 def layer_bytes(
@@ -270,7 +187,7 @@ def layer_bytes(
     out freely. `kernel` is the attention kernel the step runs (`HardwareProfile.attention`);
     `moe`: a MoE layer's."""
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash", moe=moe)
-    keep = _kept(train, found, where, kernel, model.mlp) if saved else found
+    keep = kept(train, found, where, kernel, model.mlp) if saved else found
     return sum(
         stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
         for name, (shape, nbytes) in keep.items()

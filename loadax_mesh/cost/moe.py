@@ -97,7 +97,7 @@ def moe_residuals(
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """What autodiff keeps of a MoE block with no checkpoint: every intermediate above (each
     feeds an op that needs it back), and each SwiGLU's sigmoid, its slope and the SiLU, as a
-    dense SwiGLU keeps them (memory._residuals)."""
+    dense SwiGLU keeps them (saved.residuals)."""
     kept = {n: v for n, v in found.items() if n in MOE_NAMES}
     for prefix in ("expert", "shared"):
         if f"{prefix} gate" in found:
