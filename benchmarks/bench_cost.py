@@ -42,6 +42,10 @@ from loadax_mesh.workload.spec import parse_remat
 # compile in a minute)
 MAXTEXT_8B = "layer_input=offload,query=offload,key=offload,value=offload,out_proj=offload"
 MAXTEXT_70B = "layer_input=offload,query=offload,key=offload,value=offload"
+MOE_SMALL = (
+    "mixtral-8x7b:num_layers=2,d_model=1024,d_ff=2048,moe_d_ff=2048,num_heads=8,num_kv_heads=8,"
+    "seq_len=1024"
+)
 CASES: list[tuple[Any, ...]] = [
     ("tpu-v5litepod-8", "fsdp", "tiny", 64, "full"),
     ("tpu-v5litepod-8", "fsdp_tp", "tiny", 64, "dots"),
@@ -94,6 +98,10 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v5litepod-256", "fsdp", "maxtext-2023-16b:num_layers=4", 1536, "full"),
     ("tpu-v5litepod-256-2", "fsdp", "maxtext-2023-16b:num_layers=4", 3072, "full"),
     ("tpu-v5p-128", "mesh:fsdp=16,model=4", "maxtext-2023-32b:num_layers=2", 512, "dots"),
+    # Mixtral's MoE layers shrunk to compile in minutes (2 layers, d_model 1024, 8 experts of
+    # width 2048, 2 a token): experts over an expert axis (all-to-all) and over fsdp alone
+    ("tpu-v5p-16", "fsdp_ep", MOE_SMALL, 16, "full"),
+    ("tpu-v5p-16", "fsdp", MOE_SMALL, 16, "full"),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 

@@ -259,7 +259,8 @@ def collectives(
     hlo: HloText, num_devices: int, device_ids: np.ndarray | None = None
 ) -> list[Collective]:
     """Every collective of the module, each once: async pairs by their start (the `-done` gives
-    the result), copies of one op in TPU's async collective fusions by their channel id, and
+    the result), copies of one op in TPU's async collective fusions by their channel id and
+    origin (shard_map's collectives share a channel, each its own origin), and
     TPU multislice transfers over DCN (megascale `send`s) by their send. `device_ids` (the ids
     in device-assignment order) maps megascale groups, which name device ids, to positions."""
     done_shape = {}
@@ -289,13 +290,21 @@ def collectives(
             if gathered and groups is not None:
                 size *= groups.shape[1]  # the full buffer: the shard times the group
             channel = re.search(r"channel_id=(\d+)", i.attributes)
-            # megascale sends number their channels apart from the collectives beside them
-            key = f"{'send ' if megascale else ''}channel {channel[1]}" if channel else i.name
+            # megascale sends number their channels apart from the collectives beside them;
+            # shard_map's explicit collectives all share channel 1, told apart by their source
+            origin = _ORIGIN.search(i.attributes)
+            key = (
+                f"{'send ' if megascale else ''}channel {channel[1]} {origin and origin[0]}"
+                if channel
+                else i.name
+            )
             if key not in found or found[key].count < times:
                 found[key] = Collective(kind, size, times, groups, i.name)
     return list(found.values())
 
 
+# The op an instruction came from (copies of one op keep it): its jax op name and frame.
+_ORIGIN = re.compile(r'op_name="[^"]*"(?: stack_frame_id=\d+)?')
 _MEGASCALE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
 _MEGASCALE_KINDS = {
     "ALL_REDUCE": "all-reduce",

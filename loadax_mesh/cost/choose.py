@@ -34,7 +34,9 @@ from .estimate import Estimate, estimate_parts, holds_tables
 from .recipes import RECIPE_FIELDS, Recipe, check_recipes, divisors, fitting_recipes
 
 AXES = ("data", "fsdp", "seq", "model")
-_BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"])
+# The batch axes of a searched mesh: the expert axis is one (it splits the batch as FSDP does
+# outside the experts).
+_BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"], *ROLE_NAMES["expert"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,7 +140,7 @@ def choose_mesh(
             searched (the message gives the smallest need).
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
-    check_modelled(model)  # else each mesh's refusal would read as "fits no mesh"
+    check_modelled(model, experts=True)  # else each mesh's refusal would read as "fits no mesh"
     names = _check_axes(axes, top)
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")

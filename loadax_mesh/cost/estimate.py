@@ -18,6 +18,7 @@ from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .memory import Shapes, host_bytes, memory_terms, phases
+from .moe import moe_op_flops
 from .time import StepTime, calibration, matmul_intensity, step_time
 from .traffic import AxisTraffic, axis_traffic, collectives
 
@@ -220,7 +221,8 @@ def op_flops(model: ModelSpec) -> dict[str, float]:
 def step_flops(model: ModelSpec, train: TrainSpec, r: Roles) -> tuple[float, float, float]:
     """(FLOPs executed, model FLOPs, recompute FLOPs) per device per step. A layer's forward is
     the sum of its ops (`op_flops`), the head's 2 per vocabulary weight per token; the backward
-    pass is twice the forward. The backward pass runs again the op of every tensor the remat
+    pass is twice the forward. A MoE layer's MLP is `moe_op_flops`' (capacity padding executed,
+    not the model's). The backward pass runs again the op of every tensor the remat
     placement recomputes (under "full" the whole layer), and, with chunked logits, the head of
     each chunk (the chunk's logits are recomputed, not saved)."""
     sh = Shapes.of(model, train, r)
@@ -228,8 +230,18 @@ def step_flops(model: ModelSpec, train: TrainSpec, r: Roles) -> tuple[float, flo
     ops = op_flops(model)
     layer = sum(ops.values())
     head = 2 * model.vocab_size * model.d_model
-    forward = sh.tokens * (model.num_layers * layer + head) / m
     again = sum(ops[t] for t, p in train.placements.items() if p == "recompute")
+    if model.num_experts:  # its dense layers as above, its MoE layers with their own MLP
+        dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
+        mixed = ops | moe_op_flops(model, train, r)
+        useful = ops | moe_op_flops(model, train, r, executed=False)
+        forward = sh.tokens * (dense * layer + moe * sum(mixed.values()) + head) / m
+        model_fwd = sh.tokens * (dense * layer + moe * sum(useful.values()) + head) / m
+        moe_again = sum(mixed[t] for t, p in train.placements.items() if p == "recompute")
+        again_all = dense * again + moe * moe_again
+        recompute = sh.tokens * (again_all + head * (train.logits_chunks > 1)) / m
+        return 3 * forward + recompute, 3 * model_fwd, recompute
+    forward = sh.tokens * (model.num_layers * layer + head) / m
     recompute = sh.tokens * (model.num_layers * again + head * (train.logits_chunks > 1)) / m
     return 3 * forward + recompute, 3 * forward, recompute
 

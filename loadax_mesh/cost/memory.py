@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from ..hardware.profile import DeviceFacts, attention_kernel
 from ..workload.layout import Roles, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from .moe import MOE_NAMES, dense_layer_weights, moe_intermediates, moe_layer_weights
+from .saved import PARTS, kept
 from .sublayer import counted_per_sublayer, recomputed_working
 
 
@@ -101,10 +103,11 @@ def layer_weights(model: ModelSpec, m: int) -> int:
 
 
 def _intermediates(
-    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, *, splash: bool
+    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, *, splash: bool, moe: bool
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """One layer's forward intermediates on one device: name -> (shape, bytes per element);
-    `splash`: attention is TPU's splash kernel."""
+    `splash`: attention is TPU's splash kernel; `moe`: a MoE layer (its block's intermediates
+    in place of the dense MLP's, its output `down` as a dense layer's)."""
     cd = dtype_bytes(train.compute_dtype)
     r, s, hd = sh.micro_rows, sh.seq, model.head_dim
     # The residual stream (the layer's input, its norms and its two outputs) has its hidden
@@ -148,6 +151,9 @@ def _intermediates(
         widths = (_LANES, _LANES, hd, hd, hd, hd)
         blocks = (bq, bq, bq, bq, bkv, bkv)
         found |= {n: ((r, b, w), 4) for n, b, w in zip(_SCRATCH, blocks, widths, strict=True)}
+    if moe:
+        found = {n: v for n, v in found.items() if n not in ("gate", "up", "gated", "activated")}
+        found |= moe_intermediates(model, train, roles, r, s)
     return found
 
 
@@ -161,85 +167,6 @@ _SCRATCH = ("kernel max", "kernel sum", "kernel output", "kernel dq", "kernel dk
 # recomputes what "full" does); on TPU full remat is counted per sublayer (`sublayer`).
 _WORKING = {"full": 2, "dots": 1, "none": 1, "offload": 2}
 
-# The intermediates each named tensor of a layer (workload.spec.TENSORS) is, as the step names
-# them with checkpoint_name: the projections' outputs before the rotary embedding, the attention
-# kernel's output, the output projection, the MLP's input projections (SwiGLU's gate and up; a
-# two-matrix MLP's up alone), its down projection.
-PARTS = {
-    "layer_input": ("input",),
-    "query": ("q",),
-    "key": ("k",),
-    "value": ("v",),
-    "attention_out": ("attention",),
-    "out_proj": ("attention projection",),
-    "mlp_in": ("gate", "up"),
-    "mlp_out": ("down",),
-}
-
-
-def _kept(
-    train: TrainSpec,
-    found: dict[str, tuple[tuple[int, ...], int]],
-    where: str,
-    kernel: str,
-    mlp: str,
-) -> dict[str, tuple[tuple[int, ...], int]]:
-    """The intermediates the recipe keeps `where` ("device" or "offload") for the backward
-    pass: the named tensors it places there, or under "none" (no checkpoint) what autodiff
-    itself saves (`_residuals`)."""
-    if train.remat == "none":
-        return _residuals(found, kernel, mlp) if where == "device" else {}
-    return {
-        n: found[n]
-        for t, p in train.placements.items()
-        if p == where
-        for n in PARTS[t]
-        if n in found
-    }
-
-
-# The MLP's named intermediates autodiff keeps (_residuals), by ModelSpec.mlp.
-_MLP_RESIDUALS = {
-    "swiglu": ("gate", "up", "gated"),
-    "relu": ("activated",),
-    "gelu": ("up", "activated"),
-}
-
-
-def _residuals(
-    found: dict[str, tuple[tuple[int, ...], int]], kernel: str, mlp_kind: str
-) -> dict[str, tuple[tuple[int, ...], int]]:
-    """What jax's autodiff saves of one layer when nothing is checkpointed: each operation's
-    residuals, not the named tensors. Each norm keeps its float32 input and normalised value
-    and its output (the projections' input); attention its operands (keys and values gathered
-    along the sequence where it is split) and output, splash also its output in the kernel's
-    layout and its log-sum-exp; the SwiGLU its gate and up projections, the sigmoid and its
-    slope, the SiLU and the product; a ReLU MLP its activation (the down projection's input)
-    and the sign of its input (a byte an element); a GELU MLP its input, its tanh and its
-    activation. The rotary embedding (linear), the output and down projections and the
-    residual adds (their outputs only feed adds) keep nothing. As the TPU
-    compiler's buffers show them (LLaMA-3 70B, v5p-1024, fsdp 128 x seq 4: six [layers, rows,
-    seq, d_ff] stacks, four float32 [.., d_model], two compute-dtype [.., d_model])."""
-    f32: tuple[tuple[int, ...], int] = (found["input"][0], 4)
-    mlp = found["up"]
-    kv = ("gathered k", "gathered v") if "gathered k" in found else ("rotated k", "v")
-    names = ["attention norm input", "attention norm", "mlp norm input", "mlp norm"]
-    names += ["rotated q", *kv, "attention", *_MLP_RESIDUALS[mlp_kind]]
-    extra: dict[str, tuple[tuple[int, ...], int]] = {"attention normed": f32, "mlp normed": f32}
-    if mlp_kind == "swiglu":
-        extra |= {"sigmoid": mlp, "sigmoid slope": mlp, "silu": mlp}
-    elif mlp_kind == "relu":
-        extra["relu sign"] = (mlp[0], 1)
-    else:
-        extra["gelu tanh"] = mlp
-    if kernel in ("splash", "cudnn"):  # kept as [rows, heads, seq], not as splash writes it
-        lse_shape = found["attention logsumexp"][0]
-        extra["attention logsumexp"] = (lse_shape[:3], 4)
-    if kernel == "splash":
-        extra["kernel result"] = found["attention"]
-    names += [n for n in ("scores", "probabilities") if n in found]
-    return {n: found[n] for n in names} | extra
-
 
 @lru_cache(maxsize=8192)
 def layer_bytes(
@@ -252,14 +179,16 @@ def layer_bytes(
     *,
     saved: bool,
     where: str = "device",
+    moe: bool = False,
 ) -> int:
     """Bytes of one layer's intermediates as stored: with `saved` those the recipe keeps for
     the backward pass `where` ("device" or "offload": in host memory), stacked over the layers
     in the layout their producer gave them (head_dim minor for the attention kernel's operands);
     else all of them, as temporaries of the layer being differentiated, which the compiler lays
-    out freely. `kernel` is the attention kernel the step runs (`HardwareProfile.attention`)."""
-    found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
-    keep = _kept(train, found, where, kernel, model.mlp) if saved else found
+    out freely. `kernel` is the attention kernel the step runs (`HardwareProfile.attention`);
+    `moe`: a MoE layer's."""
+    found = _intermediates(model, train, sh, roles, splash=kernel == "splash", moe=moe)
+    keep = kept(train, found, where, kernel, model.mlp) if saved else found
     return sum(
         stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
         for name, (shape, nbytes) in keep.items()
@@ -276,19 +205,31 @@ def working_bytes(
     kernel: str,
     *,
     per_sublayer: bool = False,
+    moe: bool = False,
 ) -> int:
     """What one layer's backward pass holds of intermediates: their gradients, and what it
     recomputes. The named policies keep their measured factor; a custom placement holds every
     gradient plus the named tensors it recomputes (as "dots" when it recomputes none);
-    `per_sublayer`: one sublayer at a time, weights included (`sublayer`)."""
-    found = _intermediates(model, train, sh, roles, splash=kernel == "splash")
-    if per_sublayer:
+    `per_sublayer`: one sublayer at a time, weights included (`sublayer`); `moe`: a MoE layer."""
+    found = _intermediates(model, train, sh, roles, splash=kernel == "splash", moe=moe)
+    if per_sublayer and not moe:
         fixed = {n: -1 if _fixed(n, False) else None for n in found}
         sizes = {n: stored(*v, tile, minor=fixed[n]) for n, v in found.items()}
         return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype)
-    everything = layer_bytes(model, train, sh, roles, tile, kernel, saved=False)
+    everything = layer_bytes(model, train, sh, roles, tile, kernel, saved=False, moe=moe)
     if isinstance(train.remat, str) and train.remat in _WORKING:
-        return _WORKING[train.remat] * everything
+        if not moe:
+            return _WORKING[train.remat] * everything
+        # A MoE layer: its block's buffers are a chain (copies, dispatch, experts, combine),
+        # each live only around its own op, forward and back. Its backward pass peaks at the
+        # experts: their input rows, the gate and up recomputed, the output's gradient, the
+        # gate's and up's gradients; beside them the rest of the layer as recomputed (the
+        # attention half's gradients come after). Later the attention half's backward holds
+        # the rest as a dense layer does.
+        block = sum(stored(*v, tile) for n, v in found.items() if n in MOE_NAMES)
+        rest = everything - block
+        peak = 2 * stored(*found["expert out"], tile) + 4 * stored(*found["expert gate"], tile)
+        return max(_WORKING[train.remat] * rest, rest + peak)
     again = (n for t, p in train.placements.items() if p == "recompute" for n in PARTS[t])
     return everything + sum(stored(*found[n], tile) for n in again if n in found)
 
@@ -322,19 +263,52 @@ def memory_terms(
     terms = dict(_fixed_terms(model, *dtypes, roles, tile, held, batch_across_granules))
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
-    layer = layer_weights(model, roles.size("model")) * cd
     per_sublayer = counted_per_sublayer(train, roles, device.traits.one_sublayer_at_a_time)
     logits = 2 * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
+    if model.num_experts:
+        activations, layer = _moe_layers(model, train, sh, roles, tile, kernel)
+    else:
+        weights = layer_weights(model, roles.size("model")) * cd
+        activations = model.num_layers * layer_bytes(
+            model, train, sh, roles, tile, kernel, saved=True
+        )
+        layer = 3 * weights * (not per_sublayer) + working_bytes(
+            model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer
+        )
     return terms | {
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
-        "activations": model.num_layers
-        * layer_bytes(model, train, sh, roles, tile, kernel, saved=True),
+        "activations": activations,
         "logits": -(-logits // train.logits_chunks),
         # Gradient accumulation: the running sum of every gradient shard, in float32.
         "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
-        "layer": 3 * layer * (not per_sublayer)
-        + working_bytes(model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer),
+        "layer": layer,
     }
+
+
+def _moe_layers(
+    model: ModelSpec,
+    train: TrainSpec,
+    sh: Shapes,
+    roles: Roles,
+    tile: tuple[int, int] | None,
+    kernel: str,
+) -> tuple[int, int]:
+    """A model with MoE layers: (what its dense and MoE layers save, the larger of the two
+    kinds' layer-loop terms: one layer's weights gathered and its backward pass's working set).
+    A dense layer's weights count three times (see memory_terms); a MoE layer's (its attention,
+    router and shared experts, and its routed experts as cost/moe.py gathers them) twice: the
+    block gathers them inside its shard_map, where the compiler prefetches no next layer's,
+    so its backward pass holds them and their gradient before it is reduced (the compiled
+    v5p-16 steps of benchmarks/bench_cost.py's MoE cases)."""
+    cd = dtype_bytes(train.compute_dtype)
+    dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
+    saved = partial(layer_bytes, model, train, sh, roles, tile, kernel, saved=True)
+    work = partial(working_bytes, model, train, sh, roles, tile, kernel)
+    layer = 2 * sum(moe_layer_weights(model, roles)) * cd + work(moe=True)
+    if dense:
+        weights = dense_layer_weights(model, roles.size("model")) * cd
+        layer = max(layer, 3 * weights + work())
+    return dense * saved() + moe * saved(moe=True), layer
 
 
 def host_bytes(model: ModelSpec, train: TrainSpec, roles: Roles, device: DeviceFacts) -> int:
@@ -345,10 +319,13 @@ def host_bytes(model: ModelSpec, train: TrainSpec, roles: Roles, device: DeviceF
         return 0
     sh = Shapes.of(model, train, roles)
     kernel = attention_kernel(train.attention, device.platform)
-    per_layer = layer_bytes(
-        model, train, sh, roles, device.tile, kernel, saved=True, where="offload"
+    saved = partial(layer_bytes, model, train, sh, roles, device.tile, kernel, saved=True)
+    moe = model.num_moe_layers
+    if not moe:
+        return model.num_layers * saved(where="offload")
+    return (model.num_layers - moe) * saved(where="offload") + moe * saved(
+        where="offload", moe=True
     )
-    return model.num_layers * per_layer
 
 
 @lru_cache(maxsize=4096)

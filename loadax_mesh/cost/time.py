@@ -31,6 +31,7 @@ benchmarks/bench_time.py on the calibration set alone.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -41,6 +42,8 @@ from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts, Platform
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from .memory import shard_bytes
+from .moe import MoeShapes, moe_intermediates
 
 # FLOPs per causal query-key pair and unit of head_dim, forward and backward, by the platform's
 # fused kernel (the kernels' own matmuls; see compiler/roofline.py): splash's backward pass
@@ -142,6 +145,29 @@ def step_time(
     # Each matmul runs three times (forward; backward for the input's gradient and the
     # weight's), and once more where the backward pass recomputes its output.
     matmuls = layers * (3 * layer_fwd + sum(projections[op] for op in recomputed))
+    moe = model.num_moe_layers
+    if moe:  # its dense layers as above, its MoE layers with their own MLP
+        ms = MoeShapes.of(model, train, roles)
+
+        def grouped(k: int, n: int) -> float:
+            """A grouped matmul: each of the device's experts [its group's rows, k] x [k, n],
+            priced as `matmul` prices a matmul of that height (a thin group reads its weights
+            at HBM speed)."""
+            g = ms.group_rows
+            flops = 2.0 * g * _whole(k, rows_unit) * _whole(n, cols_unit)
+            return ms.groups * max(flops / rate, (g * k + k * n + g * n) * act / hbm)
+
+        shared = model.num_shared_experts * model.moe_d_ff // tensor
+        mixed = projections | {
+            "mlp_in": matmul(d_model, model.num_experts)  # the router (float32: counted bf16)
+            + 2 * grouped(d_model, ms.width)
+            + (2 * matmul(d_model, shared) if shared else 0.0),
+            "mlp_out": grouped(ms.width, d_model) + (matmul(shared, d_model) if shared else 0.0),
+        }
+        moe_fwd = sum(mixed.values())
+        matmuls = (layers - moe) * (3 * layer_fwd + sum(projections[op] for op in recomputed))
+        matmuls += moe * (3 * moe_fwd + sum(mixed[op] for op in recomputed))
+        layer_fwd = ((layers - moe) * layer_fwd + moe * moe_fwd) / layers  # their mean
     head = matmul(d_model, vocab)
     chunked = train.logits_chunks > 1  # each chunk's logits recomputed in the backward pass
     matmuls += head * (3 + chunked)
@@ -153,8 +179,16 @@ def step_time(
     elementwise_fwd, elementwise_bwd = fwd_elements * act, bwd_elements * act
     again = elementwise_fwd if recomputed or attention_again else 0  # the forward recomputed
     loss = _logits_accesses(chunked) * vocab * act
-    per_token = layers * (elementwise_fwd + elementwise_bwd + again) + loss
+    per_token: float = layers * (elementwise_fwd + elementwise_bwd + again) + loss
     shard = model.num_params / (roles.size("fsdp") * tensor)  # parameters this device updates
+    if moe:
+        fwd_moe, bwd_moe = (
+            n * act for n in _moe_elementwise(model, train, roles, stream, q_width, kv_width)
+        )
+        again_moe = fwd_moe if recomputed or attention_again else 0
+        per_token = (layers - moe) * (elementwise_fwd + elementwise_bwd + again) + loss
+        per_token += moe * (fwd_moe + bwd_moe + again_moe)
+        shard = float(shard_bytes(model, roles, 1, None))  # experts over the expert axis too
     update = shard * _update_bytes(train)
     memory = (micro * tokens * per_token + update) / hbm
     compute = micro * (matmuls + kernels) + memory
@@ -223,6 +257,25 @@ def _layer_elementwise(
     norms_fwd, adds_fwd = 2 * (stream + stream), 2 * (2 * stream + stream)
     norms_bwd, adds_bwd = 2 * 3 * stream, 2 * 3 * stream
     return norms_fwd + adds_fwd + rotary + gate_fwd, norms_bwd + adds_bwd + rotary + gate_bwd
+
+
+def _moe_elementwise(
+    model: ModelSpec, train: TrainSpec, roles: Roles, stream: int, q_width: int, kv_width: int
+) -> tuple[float, float]:
+    """A MoE layer's memory-bound elements per token, forward and backward: a dense layer's
+    (`_layer_elementwise`) with the SwiGLU gate over the rows its experts compute (capacity
+    padding included) and its shared experts, and every d_model-wide buffer of the block (the
+    sorted copies, dispatch buffers, the experts' output, the results combined and unsorted,
+    the weighted sum) written and read once each pass."""
+    ms = MoeShapes.of(model, train, roles)
+    shared = model.num_shared_experts * model.moe_d_ff // roles.size("model")
+    width = ms.rows * ms.width / ms.tokens + shared
+    fwd, bwd = _layer_elementwise(stream, q_width, kv_width, round(width), "swiglu")
+    rows = train.global_batch // roles.size("batch")
+    r, s = max(1, rows // train.microbatches), model.seq_len // roles.size("seq")
+    found = moe_intermediates(model, train, roles, r, s)
+    wide = sum(math.prod(shape) for shape, _ in found.values() if shape[-1] == model.d_model)
+    return fwd + 2 * wide / ms.tokens, bwd + 2 * wide / ms.tokens
 
 
 def _logits_accesses(chunked: bool) -> int:

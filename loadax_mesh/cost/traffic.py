@@ -10,6 +10,11 @@ device and per step. What each role's axis carries:
   recompute, and its gradient reduced per chunk. (Where the TPU
   compiler turns a gather or a reduce-scatter into a collective matmul, a ring of permutes
   inside the matmul, the ring moves the same bytes.)
+  A model with MoE layers: `moe_collectives` (its routed experts gathered over fsdp alone).
+  Where the mesh has an expert axis it acts as FSDP outside the experts: those gathers span
+  fsdp and expert together, counted on fsdp (on expert where fsdp has size 1).
+- Expert: per MoE layer the all-to-alls that carry tokens to their experts and back
+  (`exchanges`), exposed.
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
 - Tensor (`model`): the residual stream is cut over it (workload.layout's `hidden`). Per layer
   the forward pass gathers the two norms' outputs for their matmuls and reduce-scatters the two
@@ -40,7 +45,8 @@ from dataclasses import asdict, dataclass
 from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from .memory import Shapes, layer_weights
+from .memory import Shapes, layer_weights, shard_bytes
+from .moe import dense_layer_weights, exchange_bytes, moe_layer_weights
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,7 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
     m, L, d, M = roles.size("model"), model.num_layers, model.d_model, train.microbatches
-    layer = layer_weights(model, m) * cd
+    layer = 0 if model.num_experts else layer_weights(model, m) * cd  # MoE: moe_collectives
     tables = (1 if model.tied_embeddings else 2) * sh.vocab * d * cd
     shard = model.num_params // (roles.size("fsdp") * m) * cd
     placed = train.placements
@@ -98,11 +104,19 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
     norms_again = int("recompute" in (placed["query"], placed["key"], placed["value"]))
     norms_again += int(placed["mlp_in"] == "recompute")
     found: list[Collective] = []
-    if roles.fsdp is not None and roles.size("fsdp") > 1:
-        a = roles.fsdp
+    if model.num_experts:
+        shard = shard_bytes(model, roles, cd, None)
+    a = _shard_axis(roles)
+    if a is not None:
+        found += (
+            moe_collectives(model, train, roles, a)
+            if model.num_experts
+            else [
+                Collective(a, "all-gather", "layer weights", layer, 2 * L * M, True),
+                Collective(a, "reduce-scatter", "layer weight gradients", layer, L * M, True),
+            ]
+        )
         found += [
-            Collective(a, "all-gather", "layer weights", layer, 2 * L * M, True),
-            Collective(a, "reduce-scatter", "layer weight gradients", layer, L * M, True),
             Collective(a, "all-gather", "embedding tables", tables, M, True),
             Collective(a, "reduce-scatter", "embedding gradients", tables, M, True),
         ]
@@ -129,6 +143,8 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
                        activation, reductions, False),
             Collective(roles.model, "all-reduce", "embedding lookup", activation, M, False),
         ]  # fmt: skip
+    if model.num_experts:
+        found += exchanges(model, train, roles)
     if roles.seq is not None and roles.size("seq") > 1:
         kv = 2 * sh.micro_rows * model.seq_len * sh.kv_heads * model.head_dim * cd
         found += [
@@ -137,6 +153,69 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
             ),
             Collective(roles.seq, "reduce-scatter", "key and value gradients", kv, L * M, False),
         ]
+    return found
+
+
+def _shard_axis(roles: Roles) -> str | None:
+    """The axis the weights' FSDP collectives are counted on: fsdp, or the expert axis where
+    it acts as FSDP alone (with both, a collective spans the two: counted on fsdp)."""
+    for a in (roles.fsdp, roles.expert):
+        if a is not None and roles.size("fsdp" if a == roles.fsdp else "expert") > 1:
+            return a
+    return None
+
+
+def moe_collectives(model: ModelSpec, train: TrainSpec, roles: Roles, a: str) -> list[Collective]:
+    """The layers' weight collectives of a model with MoE layers, on the shard axis `a`: as
+    a dense model's (gathered forward and backward, gradients reduce-scattered, per
+    micro-batch) for its dense layers and for a MoE layer's attention, router and shared
+    experts (gathered over fsdp and the expert axis together); its routed experts gathered over
+    fsdp alone (moe.py's `gathers`: their d_model with an expert axis, their expert dim
+    without), none where fsdp has size 1."""
+    cd, M = dtype_bytes(train.compute_dtype), train.microbatches
+    moe = model.num_moe_layers
+    dense = model.num_layers - moe
+    shared, experts = (w * cd for w in moe_layer_weights(model, roles))
+    found = []
+    if dense:
+        layer = dense_layer_weights(model, roles.size("model")) * cd
+        found += [
+            Collective(a, "all-gather", "dense layer weights", layer, 2 * dense * M, True),
+            Collective(a, "reduce-scatter", "dense layer gradients", layer, dense * M, True),
+        ]
+    found += [
+        Collective(a, "all-gather", "MoE layer weights", shared, 2 * moe * M, True),
+        Collective(a, "reduce-scatter", "MoE layer gradients", shared, moe * M, True),
+    ]
+    if roles.fsdp is not None and roles.size("fsdp") > 1:
+        f = roles.fsdp
+        found += [
+            Collective(f, "all-gather", "expert weights", experts, 2 * moe * M, True),
+            Collective(f, "reduce-scatter", "expert gradients", experts, moe * M, True),
+        ]
+    return found
+
+
+def exchanges(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collective]:
+    """The all-to-alls over the expert axis (moe.py's `_exchange`), per MoE layer and
+    micro-batch: the tokens dispatched and their results combined, forward; the two gradients
+    exchanged back, backward; under any remat policy the forward's pair again, recomputed for
+    the experts' weight gradients (the block's intermediates carry no checkpoint name). The
+    dropless path also sends an int32 expert id a row, forward and recomputed. They feed the
+    experts: exposed."""
+    tokens, ids = exchange_bytes(model, train, roles)
+    if not tokens or roles.expert is None:
+        return []
+    runs = model.num_moe_layers * train.microbatches
+    again = int(train.remat != "none")
+    found = [
+        Collective(roles.expert, "all-to-all", "tokens and results", tokens,
+                   (4 + 2 * again) * runs, False),
+    ]  # fmt: skip
+    if ids:
+        found.append(
+            Collective(roles.expert, "all-to-all", "expert ids", ids, (1 + again) * runs, False)
+        )
     return found
 
 
@@ -149,7 +228,12 @@ def axis_traffic(
 ) -> dict[str, AxisTraffic]:
     """Per mesh axis: bytes split into ICI and DCN phases and their time. `factors` gives each
     axis's (ici, dcn) sizes, `efficiency` its ICI ring efficiency from the plan's quality."""
-    role = {roles.fsdp: "fsdp", roles.model: "tensor", roles.seq: "sequence"}
+    role = {
+        roles.expert: "expert",
+        roles.fsdp: "fsdp",
+        roles.model: "tensor",
+        roles.seq: "sequence",
+    }
     out = {}
     for axis, _ in roles.sizes:
         ici, dcn = factors[axis]
@@ -185,7 +269,7 @@ def _seconds(
     phase runs between the devices at the same place in each granule, each holding 1/ici of
     the buffer: it moves (dcn - 1) / dcn of that share per device (twice for an all-reduce),
     over the device's own share of its host's network."""
-    factor = 2 if c.kind == "all-reduce" else 1
+    factor = 2 if c.kind == "all-reduce" else 1  # an all-to-all: each device's 1/n to each peer
     inside = outside = 0.0
     if ici > 1:
         size = c.bytes if c.kind == "all-reduce" else c.bytes // dcn

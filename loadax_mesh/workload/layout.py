@@ -132,8 +132,8 @@ def check_modelled(
 ) -> None:
     """A MeshConfigError for a model whose layers `by` do not build yet (experts, latent
     attention): refused, not priced or compiled as a model it is not. `experts`: `by` builds
-    MoE layers (the reference step does, moe.py: GQA and SwiGLU experts; the cost model does not
-    price them yet)."""
+    MoE layers (the reference step does, moe.py: GQA and SwiGLU experts; the cost model prices
+    them, cost/moe.py)."""
     accepted = ", ".join(f"{f}={v!r}" for f, v in MODELLED)
     for field, built in MODELLED:
         value = getattr(model, field)
@@ -213,20 +213,12 @@ def moe_param_shapes(
     return {f"moe_layers/{k}": ((M, *shape), (None, *ax)) for k, (shape, ax) in layer.items()}
 
 
-def check_fit(model: ModelSpec, train: TrainSpec, r: Roles, *, experts: bool = False) -> None:
-    """The model is one the step builds (`check_modelled`), every sharded dim divides by its
-    axis, the global batch by the batch degree, and the recipe's slices by what they slice:
-    micro-batches each device's rows, logits chunks each device's slice of the sequence.
-    `experts`: for the reference step, which builds MoE layers and expert parallelism; without
-    it (the cost model) both are refused as not modelled yet."""
-    check_modelled(model, by="the reference step", experts=True)
-    if not experts:
-        check_modelled(model, by="the cost model")
-        if r.size("expert") > 1:
-            raise MeshConfigError(
-                f"mesh axis {r.expert!r} (size {r.size('expert')}): expert parallelism is not "
-                "modelled yet by the cost model; accepted: a mesh without an expert axis"
-            )
+def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
+    """The model is one the step builds and the cost model prices (`check_modelled`: MoE
+    layers with SwiGLU experts included), every sharded dim divides by its axis, the global
+    batch by the batch degree, and the recipe's slices by what they slice: micro-batches each
+    device's rows, logits chunks each device's slice of the sequence."""
+    check_modelled(model, by="the reference step and the cost model", experts=True)
     batch = r.size("batch")
     if train.global_batch % batch:
         raise MeshConfigError(

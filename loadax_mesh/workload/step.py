@@ -277,7 +277,7 @@ def make_step(mesh: Mesh, model: ModelSpec, train: TrainSpec, *, batch_axes: Any
     """The reference step on `mesh`; checks that every sharded dim divides by its axis."""
     names = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
     r = roles(tuple(mesh.shape.items()), names)
-    check_fit(model, train, r, experts=True)
+    check_fit(model, train, r)
     return Step(mesh, model, train, r)
 
 

@@ -174,3 +174,22 @@ def test_a_loop_whose_counter_steps_by_two_runs_half_the_trips():
     hlo = HloText(WINDOWED)
     assert {i.name: t for _, i, t in hlo.loops()} == {"ring": 4}
     assert {c.name: c.count for c in collectives(hlo, 4)} == {"left": 4, "right": 4}
+
+
+SHARD_MAP = """HloModule jit_step, is_scheduled=true
+
+ENTRY %main (x: bf16[4,128]) -> bf16[4,128] {
+  %x = bf16[4,128]{1,0} parameter(0)
+  %go = bf16[4,128]{1,0} all-to-all(%x), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}, metadata={op_name="jit(_step)/jvp()/shard_map/all_to_all" stack_frame_id=3}
+  %back = bf16[4,128]{1,0} all-to-all(%go), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}, metadata={op_name="jit(_step)/jvp()/shard_map/all_to_all" stack_frame_id=7}
+  ROOT %grad = bf16[4,128]{1,0} all-to-all(%back), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}, metadata={op_name="jit(_step)/transpose(jvp())/shard_map/all_to_all" stack_frame_id=7}
+}
+"""
+
+
+def test_shard_map_collectives_sharing_a_channel_are_each_counted():
+    """jax gives shard_map's explicit collectives one channel id; each is its own op (a MoE
+    step's dispatch, combine and their gradients), told apart by the op it came from."""
+    found = collectives(HloText(SHARD_MAP), 4)
+    assert sorted(c.name for c in found) == ["back", "go", "grad"]
+    assert all(c.kind == "all-to-all" and c.bytes == 4 * 128 * 2 for c in found)

@@ -159,12 +159,15 @@ def test_the_expert_axis_must_split_the_batch_and_ask_for_valid_moe_fields():
         TrainSpec(global_batch=8, moe="capacity", capacity_factor=0)
 
 
-def test_the_cost_model_refuses_experts_and_expert_axes():
-    """The step builds MoE; the cost model does not price it yet (a later piece of issue 34)."""
+def test_the_cost_model_prices_swiglu_experts_and_refuses_the_rest():
+    """MoE layers and expert axes are priced (cost/moe.py); two-matrix experts and latent
+    attention are built by neither the step nor the cost model."""
     train = TrainSpec(global_batch=512)
-    dense = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5p-1024"))
-    with pytest.raises(MeshConfigError, match="num_experts=8 is not modelled yet by the cost"):
-        estimate(dense, ModelSpec.from_name("mixtral-8x7b"), train)
     ep = MeshConfig.from_preset("fsdp_ep").plan(simulate_devices("tpu-v5p-1024"))
-    with pytest.raises(MeshConfigError, match="expert parallelism is not modelled yet by the cost"):
-        estimate(ep, ModelSpec.from_name("llama3-8b"), train)
+    assert estimate(ep, ModelSpec.from_name("mixtral-8x7b"), train).memory_bytes > 0
+    assert estimate(ep, ModelSpec.from_name("llama3-8b"), train).memory_bytes > 0
+    relu = replace(ModelSpec.from_name("mixtral-8x7b"), mlp="relu")
+    with pytest.raises(MeshConfigError, match="mlp='relu' with num_experts=8 is not modelled"):
+        estimate(ep, relu, train)
+    with pytest.raises(MeshConfigError, match="attention='mla' is not modelled yet"):
+        estimate(ep, ModelSpec.from_name("deepseek-v3"), train)

@@ -1,0 +1,92 @@
+"""What a layer keeps for its backward pass: the intermediates each named tensor of the recipe
+is, and, with no checkpoint at all, what jax's autodiff itself saves (cost/memory.py sums them).
+"""
+
+from __future__ import annotations
+
+from ..workload.spec import TrainSpec
+from .moe import moe_residuals
+
+# The intermediates each named tensor of a layer (workload.spec.TENSORS) is, as the step names
+# them with checkpoint_name: the projections' outputs before the rotary embedding, the attention
+# kernel's output, the output projection, the MLP's input projections (SwiGLU's gate and up; a
+# two-matrix MLP's up alone), its down projection.
+PARTS = {
+    "layer_input": ("input",),
+    "query": ("q",),
+    "key": ("k",),
+    "value": ("v",),
+    "attention_out": ("attention",),
+    "out_proj": ("attention projection",),
+    "mlp_in": ("gate", "up"),
+    "mlp_out": ("down",),
+}
+
+
+def kept(
+    train: TrainSpec,
+    found: dict[str, tuple[tuple[int, ...], int]],
+    where: str,
+    kernel: str,
+    mlp: str,
+) -> dict[str, tuple[tuple[int, ...], int]]:
+    """The intermediates the recipe keeps `where` ("device" or "offload") for the backward
+    pass: the named tensors it places there, or under "none" (no checkpoint) what autodiff
+    itself saves (`residuals`)."""
+    if train.remat == "none":
+        return residuals(found, kernel, mlp) if where == "device" else {}
+    return {
+        n: found[n]
+        for t, p in train.placements.items()
+        if p == where
+        for n in PARTS[t]
+        if n in found
+    }
+
+
+# The MLP's named intermediates autodiff keeps (residuals), by ModelSpec.mlp.
+_MLP_RESIDUALS = {
+    "swiglu": ("gate", "up", "gated"),
+    "relu": ("activated",),
+    "gelu": ("up", "activated"),
+}
+
+
+def residuals(
+    found: dict[str, tuple[tuple[int, ...], int]], kernel: str, mlp_kind: str
+) -> dict[str, tuple[tuple[int, ...], int]]:
+    """What jax's autodiff saves of one layer when nothing is checkpointed: each operation's
+    residuals, not the named tensors. Each norm keeps its float32 input and normalised value
+    and its output (the projections' input); attention its operands (keys and values gathered
+    along the sequence where it is split) and output, splash also its output in the kernel's
+    layout and its log-sum-exp; the SwiGLU its gate and up projections, the sigmoid and its
+    slope, the SiLU and the product; a ReLU MLP its activation (the down projection's input)
+    and the sign of its input (a byte an element); a GELU MLP its input, its tanh and its
+    activation. The rotary embedding (linear), the output and down projections and the
+    residual adds (their outputs only feed adds) keep nothing. As the TPU
+    compiler's buffers show them (LLaMA-3 70B, v5p-1024, fsdp 128 x seq 4: six [layers, rows,
+    seq, d_ff] stacks, four float32 [.., d_model], two compute-dtype [.., d_model])."""
+    f32: tuple[tuple[int, ...], int] = (found["input"][0], 4)
+    kv = ("gathered k", "gathered v") if "gathered k" in found else ("rotated k", "v")
+    names = ["attention norm input", "attention norm", "mlp norm input", "mlp norm"]
+    names += ["rotated q", *kv, "attention"]
+    extra: dict[str, tuple[tuple[int, ...], int]] = {"attention normed": f32, "mlp normed": f32}
+    if "up" not in found:  # a MoE layer: its block's residuals
+        extra |= moe_residuals(found)
+    elif mlp_kind == "swiglu":
+        mlp = found["up"]
+        names += _MLP_RESIDUALS[mlp_kind]
+        extra |= {"sigmoid": mlp, "sigmoid slope": mlp, "silu": mlp}
+    elif mlp_kind == "relu":
+        names += _MLP_RESIDUALS[mlp_kind]
+        extra["relu sign"] = (found["up"][0], 1)
+    else:
+        names += _MLP_RESIDUALS[mlp_kind]
+        extra["gelu tanh"] = found["up"]
+    if kernel in ("splash", "cudnn"):  # kept as [rows, heads, seq], not as splash writes it
+        lse_shape = found["attention logsumexp"][0]
+        extra["attention logsumexp"] = (lse_shape[:3], 4)
+    if kernel == "splash":
+        extra["kernel result"] = found["attention"]
+    names += [n for n in ("scores", "probabilities") if n in found]
+    return {n: found[n] for n in names} | extra

@@ -1,0 +1,111 @@
+"""The cost model's MoE terms: a small MoE counted by hand (expert parameters, all-to-all bytes,
+expert-weight gathers, FLOPs with capacity padding), and choose_mesh over an expert axis."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
+from loadax_mesh.cost import estimate
+from loadax_mesh.workload import ModelSpec, TrainSpec
+
+# Every dim a whole number of TPU tiles (no padding): 2 MoE layers of 8 SwiGLU experts, 2 a token.
+SMALL_MOE = ModelSpec(
+    name="small-moe", num_layers=2, d_model=1024, d_ff=1024, num_heads=8, num_kv_heads=2,
+    head_dim=128, vocab_size=1024, seq_len=128, num_experts=8, experts_per_token=2,
+    moe_d_ff=1024,
+)  # fmt: skip
+L, D, F, V, S, E, K = 2, 1024, 1024, 1024, 128, 8, 2
+QKVO = D * 128 * (2 * 8 + 2 * 2)
+
+
+def plan(preset: str = "fsdp_ep"):
+    p = MeshConfig.from_preset(preset).plan(simulate_devices("tpu-v5p-16"))
+    want = {"data": 1, "fsdp": 2, "expert": 4} if preset == "fsdp_ep" else {"data": 1, "fsdp": 8}
+    assert p.shape == want
+    return p
+
+
+def test_expert_parameters_counted_by_hand():
+    e = estimate(plan(), SMALL_MOE, TrainSpec(global_batch=8))
+    # The experts' dim over expert=4 and their d_model over fsdp=2; every other d_model over
+    # fsdp and expert together (8); the norms replicated.
+    experts = L * 3 * (E // 4) * (D // 2) * F
+    others = (2 * V * D + L * (QKVO + D * E)) // 8
+    norms = 2 * L * D + D
+    assert e.terms["params"] == 4 * (experts + others + norms)
+    assert e.terms["optimizer"] == 2 * e.terms["params"]
+    # Without an expert axis the experts' dim shards over fsdp=8: the same bytes per device,
+    # but each layer gathers every expert whole (below).
+    dense_only = estimate(plan("fsdp"), SMALL_MOE, TrainSpec(global_batch=8))
+    assert dense_only.terms["params"] == e.terms["params"]
+
+
+def test_all_to_all_bytes_counted_by_hand():
+    e = estimate(plan(), SMALL_MOE, TrainSpec(global_batch=8, remat="full"))
+    # A device's 128 tokens x 2 copies; per peer the most it may send, 128 x min(2, 8 / 4)
+    # rows, in a buffer of 4 peers; d_model in bfloat16.
+    buffer = 4 * S * min(K, E // 4) * D * 2
+    ids = 4 * S * min(K, E // 4) * 4  # an int32 expert id a row
+    # Per layer: dispatch and combine forward, their gradients backward, the pair recomputed
+    # under full remat; the ids forward and recomputed.
+    exchanges = {c.what: c for c in e.axes["expert"].collectives}
+    assert exchanges["tokens and results"].bytes == buffer
+    assert exchanges["tokens and results"].count == 6 * L
+    assert exchanges["expert ids"].bytes == ids and exchanges["expert ids"].count == 2 * L
+    assert e.axes["expert"].bytes == 6 * L * buffer + 2 * L * ids
+    none = estimate(plan(), SMALL_MOE, TrainSpec(global_batch=8, remat="none"))
+    assert none.axes["expert"].bytes == 4 * L * buffer + L * ids  # nothing recomputed
+
+
+def test_expert_weights_gathered_over_fsdp():
+    cd = 2
+    with_ep = {c.what: c for c in estimate(plan(), SMALL_MOE, TrainSpec(global_batch=8)).axes[
+        "fsdp"
+    ].collectives}  # fmt: skip
+    # With an expert axis: each device's 2 experts, d_model gathered over fsdp.
+    assert with_ep["expert weights"].bytes == 3 * (E // 4) * D * F * cd
+    assert with_ep["expert weights"].count == 2 * L
+    assert with_ep["MoE layer weights"].bytes == (QKVO + D * E) * cd
+    without = estimate(plan("fsdp"), SMALL_MOE, TrainSpec(global_batch=8, moe="capacity"))
+    found = {c.what: c for c in without.axes["fsdp"].collectives}
+    assert found["expert weights"].bytes == 3 * E * D * F * cd  # every expert whole
+    assert "expert" not in without.axes
+
+
+def test_capacity_padding_is_executed_work():
+    def flops(**train):
+        return estimate(plan(), SMALL_MOE, TrainSpec(global_batch=8, remat="none", **train))
+
+    dropless = flops()
+    even = flops(moe="capacity", capacity_factor=1.0)  # 128 x 2 / 8 = 32 slots: no padding
+    padded = flops(moe="capacity", capacity_factor=2.0)
+    assert even.flops == dropless.flops
+    expert = 3 * 3 * 2 * S * K * D * F * L  # 3 matrices, 2 FLOPs, forward + 2 backward
+    assert padded.flops - even.flops == pytest.approx(expert)
+    assert padded.model_flops == even.model_flops  # the model's work is the k copies
+
+
+def test_dense_layers_keep_their_terms():
+    """A first dense layer is priced as a dense model's layer, the MoE layers apart."""
+    mixed = replace(SMALL_MOE, num_layers=3, first_dense_layers=1)
+    train = TrainSpec(global_batch=8, remat="none")
+    dense = [
+        replace(SMALL_MOE, num_layers=n, num_experts=0, experts_per_token=0, moe_d_ff=0)
+        for n in (1, 2)
+    ]
+    one_layer = estimate(plan(), dense[1], train).flops - estimate(plan(), dense[0], train).flops
+    moe_only = estimate(plan(), SMALL_MOE, train).flops
+    assert estimate(plan(), mixed, train).flops - moe_only == pytest.approx(one_layer)
+
+
+def test_choose_mesh_searches_an_expert_axis():
+    ranked = choose_mesh(
+        "tpu-v5p-128", "mixtral-8x7b", TrainSpec(global_batch=128), axes=("data", "fsdp", "expert")
+    )
+    assert ranked and all(c.estimate.fits for c in ranked)
+    # meshes with experts over an expert axis are searched and priced beside fsdp alone
+    assert any(c.plan.shape["expert"] > 1 for c in ranked)
+    assert any(c.estimate.axes["expert"].bytes > 0 for c in ranked)
