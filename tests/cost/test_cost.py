@@ -184,8 +184,6 @@ def test_choose_mesh_takes_a_model_name_and_auto_names_unknown_options():
     assert auto.mesh_shape == dots[0].config.mesh_shape
 
 
-
-
 def test_full_remat_on_tpu_holds_one_sublayer_at_a_time():
     """libtpu's live buffers at the peak: a recomputed layer's backward holds one sublayer's
     weights and gradients at a time, and of a two-matrix ReLU MLP only the gradient of its
