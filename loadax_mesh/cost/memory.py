@@ -185,7 +185,7 @@ def layer_bytes(
     the backward pass `where` ("device" or "offload": in host memory), stacked over the layers
     in the layout their producer gave them (head_dim minor for the attention kernel's operands);
     else all of them, as temporaries of the layer being differentiated, which the compiler lays
-    out freely. `kernel` is the attention kernel the step runs (`HardwareProfile.attention`);
+    out freely. `kernel` is the attention kernel the step runs (`profile.attention_kernel`);
     `moe`: a MoE layer's."""
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash", moe=moe)
     keep = kept(train, found, where, kernel, model.mlp) if saved else found

@@ -188,10 +188,6 @@ class HardwareProfile:
     def platform(self) -> Platform:
         return self.traits.platform
 
-    @property
-    def tile(self) -> tuple[int, int] | None:
-        return None if self.device is None else self.device.tile
-
     def facts(self) -> DeviceFacts:
         """One device's facts, or an error naming the fact the catalogue lacks."""
         if self.device is None:
@@ -200,14 +196,6 @@ class HardwareProfile:
                 "estimate needs; accepted: hardware whose entry has it (`loadax-mesh hardware`)"
             )
         return self.device
-
-    def attention(self, kind: str) -> str:
-        """What attention of `kind` runs as on this hardware (`attention_kernel`)."""
-        return attention_kernel(kind, self.platform)
-
-    def compile_options(self, dump_dir: str) -> dict[str, Any] | None:
-        """Options for `Lowered.compile` (`PlatformTraits.compile_options`)."""
-        return self.traits.compile_options(dump_dir)
 
 
 def hardware_profile(hardware: str) -> HardwareProfile:
