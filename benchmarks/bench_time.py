@@ -51,11 +51,22 @@ class Run:
     peak: float
     logged: float  # seconds
 
-    def predict(self, efficiency: float, intensity: float | None = None) -> Estimate:
+    def predict(
+        self, efficiency: float, intensity: float | None = None, latency: float = 0.0
+    ) -> Estimate:
         """The estimate at these calibrations (intensity None: no limit)."""
         return estimate_parts(
-            *self.parts, compute_efficiency=efficiency, intensity=intensity or float("inf")
+            *self.parts,
+            compute_efficiency=efficiency,
+            intensity=intensity or float("inf"),
+            dcn_latency=latency,
         )
+
+    def latency_steps(self) -> float:
+        """Seconds the step gains per second of `dcn_latency`: its ring steps across granules
+        (the step is linear in it: every collective across granules is exposed)."""
+        at = [self.predict(0.9, None, x).step_seconds for x in (0.0, 1e-4)]
+        return (at[1] - at[0]) / 1e-4
 
 
 def load(spec: dict[str, Any]) -> Run:
@@ -99,28 +110,75 @@ INTENSITIES: dict[str, tuple[float | None, ...]] = {
 }
 
 
-def errors(group: list[Run], platform: str) -> np.ndarray:
-    """Relative error of every run at every grid point: [run, intensity, efficiency]."""
-    return np.array(
-        [
+@dataclass
+class Table:
+    """A platform's runs on the grid: each run's step at every (intensity, efficiency) without
+    latency across granules, the seconds it gains per second of `dcn_latency`, its logged step,
+    and the index of its one-slice (one-host) run, the same program on one granule."""
+
+    steps: np.ndarray  # [run, intensity, efficiency]
+    per_latency: np.ndarray  # [run]
+    logged: np.ndarray  # [run]
+    base: list[int | None]  # None: a run on one granule
+
+    @classmethod
+    def of(cls, group: list[Run], platform: str) -> Table:
+        steps = np.array(
             [
-                [r.predict(k, i).step_seconds / r.logged - 1 for k in EFFICIENCIES]
-                for i in INTENSITIES[platform]
+                [[r.predict(k, i).step_seconds for k in EFFICIENCIES] for i in INTENSITIES[platform]]
+                for r in group
             ]
+        )
+        alone = {
+            (r.spec["model"], r.spec["compile_hardware"]): n
+            for n, r in enumerate(group)
+            if r.spec["hardware"] == r.spec["compile_hardware"]
+        }
+        base = [
+            None
+            if r.spec["hardware"] == r.spec["compile_hardware"]
+            else alone.get((r.spec["model"], r.spec["compile_hardware"]))
             for r in group
         ]
-    )
+        logged = np.array([r.logged for r in group])
+        return cls(steps, np.array([r.latency_steps() for r in group]), logged, base)
+
+    def latency(self, leave: int | None = None) -> float:
+        """`dcn_latency` fitted on how the steps grow from one granule to many (all runs but
+        `leave`): least squares of the predicted growth against the logged one, relative to
+        the one-granule step. The growth is the collectives across granules alone (the same
+        program on each granule), so it does not depend on the compute calibrations."""
+        num = den = 0.0
+        for n, b in enumerate(self.base):
+            if b is None or n == leave:
+                continue
+            # the growth at zero latency, and its slope: the runs' steps at any grid point
+            grown = self.steps[n, 0, 0] - self.steps[b, 0, 0]
+            gap = (self.logged[n] - self.logged[b] - grown) / self.logged[b]
+            slope = self.per_latency[n] / self.logged[b]
+            num, den = num + slope * gap, den + slope * slope
+        return max(0.0, round(num / den, 6)) if den else 0.0
+
+    def errors(self, latency: float) -> np.ndarray:
+        """Relative error of every run at every grid point: [run, intensity, efficiency]."""
+        steps = self.steps + latency * self.per_latency[:, None, None]
+        return steps / self.logged[:, None, None] - 1
 
 
-def fit(table: np.ndarray, platform: str, leave: int | None = None) -> tuple[float, float | None]:
-    """The (efficiency, intensity) that minimise the squared relative errors of the runs in
-    `table` (all but `leave`): a grid search."""
-    keep = np.ones(len(table), bool)
+def fit(
+    table: Table, platform: str, leave: int | None = None
+) -> tuple[float, float | None, float]:
+    """The calibrations fitted on the runs in `table` but `leave`: `dcn_latency` on the growth
+    across granules, then (efficiency, intensity) minimising the squared relative errors at
+    it (a grid search)."""
+    latency = table.latency(leave)
+    errors = table.errors(latency)
+    keep = np.ones(len(errors), bool)
     if leave is not None:
         keep[leave] = False
-    loss = (table[keep] ** 2).sum(axis=0)
+    loss = (errors[keep] ** 2).sum(axis=0)
     i, k = np.unravel_index(int(np.argmin(loss)), loss.shape)
-    return EFFICIENCIES[k], INTENSITIES[platform][i]
+    return EFFICIENCIES[k], INTENSITIES[platform][i], latency
 
 
 def main() -> None:
@@ -132,15 +190,25 @@ def main() -> None:
     start = time.perf_counter()
     runs = [load(spec) for spec in RUNS]
     by_platform = {p: [r for r in runs if r.platform == p] for p in ("tpu", "gpu")}
-    tables = {p: errors(group, p) for p, group in by_platform.items()}
+    tables = {p: Table.of(group, p) for p, group in by_platform.items()}
     if args.fit:
         for p, group in by_platform.items():
-            k, i = fit(tables[p], p)
-            print(f"{p}: compute_efficiency {k:.3f}, matmul_intensity {i} ({len(group)} runs)")
-    shipped = {p: (calibration("compute_efficiency", p), matmul_intensity(p)) for p in by_platform}
+            k, i, lat = fit(tables[p], p)
+            print(
+                f"{p}: compute_efficiency {k:.3f}, matmul_intensity {i}, dcn_latency "
+                f"{lat * 1e6:.0f} us ({len(group)} runs)"
+            )
+    shipped = {
+        p: (
+            calibration("compute_efficiency", p),
+            matmul_intensity(p),
+            calibration("dcn_latency", p),
+        )
+        for p in by_platform
+    }
     header = [
         "run", "part", "logged s", "predicted s", "error", "est/logged",
-        "est/logged (shipped)", "MFU logged", "MFU pred", "efficiency, intensity (LOO)",
+        "est/logged (shipped)", "MFU logged", "MFU pred", "efficiency, intensity, DCN us (LOO)",
         "matmul", "attention", "memory-bound", "hidden comm", "exposed", "DCN", "offload",
     ]  # fmt: skip
     if args.roofline:
@@ -161,7 +229,7 @@ def main() -> None:
             cells = [
                 run.spec["name"], str(part), f"{run.logged:.3f}", f"{e.step_seconds:.3f}",
                 f"{err:+.1%}", f"{e.step_seconds / run.logged:.2f}", f"{at_shipped:.2f}",
-                f"{logged_mfu:.3f}", f"{e.mfu:.3f}", f"{others[0]:.3f}, {others[1]}",
+                f"{logged_mfu:.3f}", f"{e.mfu:.3f}", f"{others[0]:.3f}, {others[1]}, {others[2] * 1e6:.0f}",
                 *(f"{x:.3f}" for x in (t.matmul, t.attention, t.memory_bound, t.hidden,
                                        t.exposed, t.across_granules, t.offload)),
             ]  # fmt: skip

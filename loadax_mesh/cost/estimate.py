@@ -10,7 +10,7 @@ gathers), collectives across granules exposed, host-offload copies hidden behind
 from __future__ import annotations
 
 from copy import deepcopy
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
@@ -129,11 +129,12 @@ def estimate_parts(
     terms: dict[str, int] | None = None,
     compute_efficiency: float | None = None,
     intensity: float | None = None,
+    dcn_latency: float | None = None,
 ) -> Estimate:
     """The estimate from its parts (what `choose_mesh` varies without building a plan);
     `terms` are the memory terms when already computed (they do not depend on the plan);
     `compute_efficiency` replaces the calibrated one (configs/calibration.toml; what
-    benchmarks/bench_time.py fits)."""
+    benchmarks/bench_time.py fits), `intensity` and `dcn_latency` the others likewise."""
     if terms is None:
         terms = memory_terms(
             model, train, r, facts, batch_across_granules=holds_tables(facts, r, factors)
@@ -141,7 +142,10 @@ def estimate_parts(
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
     flops, model_flops, recompute = step_flops(model, train, r)
-    axes = axis_traffic(collectives(model, train, r), r, factors, efficiency, facts)
+    if dcn_latency is None:
+        dcn_latency = calibration("dcn_latency", facts.platform)
+    priced = replace(facts, dcn_latency=dcn_latency)  # a ring step across granules, as run
+    axes = axis_traffic(collectives(model, train, r), r, factors, efficiency, priced)
     host = host_bytes(model, train, r, facts)
     host_memory = facts.need("host_memory_bytes") if host else facts.host_memory_bytes
     moved = host * train.microbatches  # every micro-batch writes and reads its own

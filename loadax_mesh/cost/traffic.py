@@ -15,7 +15,12 @@ device and per step. What each role's axis carries:
   fsdp and expert together, counted on fsdp (on expert where fsdp has size 1).
 - Expert: per MoE layer the all-to-alls that carry tokens to their experts and back
   (`exchanges`), exposed.
-- Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step.
+- Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step, one
+  collective per weight array: a layer's (`weight_arrays`) as the backward pass produces them,
+  the tables and the final norm after (libtpu across slices: one megascale transfer per array
+  inside the backward layer loop, the norms' scales together; a v5e two-slice compile). Each
+  run pays the ring's latency across granules: the per-array count is what makes the
+  multislice step grow with the slice count (MaxText's v5e tables, 1 to 32 slices).
 - Tensor (`model`): the residual stream is cut over it (workload.layout's `hidden`). Per layer
   the forward pass gathers the two norms' outputs for their matmuls and reduce-scatters the two
   blocks' outputs; the backward pass gathers a hidden-cut operand again for each use that
@@ -131,7 +136,15 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
                 ),
             ]
     for a in roles.data_parallel_axes():
-        found.append(Collective(a, "all-reduce", "gradient shards", shard, M, True))
+        k, rest = weight_arrays(model), 3 - int(model.tied_embeddings)  # tables, final norm
+        tables = (rest - 1) * model.vocab_size * d // (roles.size("fsdp") * m)
+        outside = (tables + d) * cd
+        found += [
+            Collective(a, "all-reduce", "layer weight gradients", (shard - outside) // (L * k),
+                       L * k * M, True),
+            Collective(a, "all-reduce", "table and norm gradients", outside // rest, rest * M,
+                       True),
+        ]  # fmt: skip
     if roles.model is not None and m > 1:
         activation = sh.micro_rows * sh.seq * d * cd
         gathers = (L * (2 + 6 + norms_again) + 3) * M
@@ -154,6 +167,16 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
             Collective(roles.seq, "reduce-scatter", "key and value gradients", kv, L * M, False),
         ]
     return found
+
+
+def weight_arrays(model: ModelSpec) -> int:
+    """The weight arrays of a layer whose gradients are reduced one by one: query, key, value,
+    output, the MLP's two (a two-matrix MLP) or three (SwiGLU; a MoE layer's routed experts
+    and the router instead, and the shared experts' three), and the norms' scales together."""
+    mlp = 3 if model.mlp == "swiglu" else 2
+    if model.num_experts:
+        mlp = 1 + 3 + 3 * bool(model.num_shared_experts)
+    return 4 + mlp + 1
 
 
 def _shard_axis(roles: Roles) -> str | None:
