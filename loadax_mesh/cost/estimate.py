@@ -145,7 +145,9 @@ def estimate_parts(
     if dcn_latency is None:
         dcn_latency = calibration("dcn_latency", facts.platform)
     priced = replace(facts, dcn_latency=dcn_latency)  # a ring step across granules, as run
-    axes = axis_traffic(collectives(model, train, r), r, factors, efficiency, priced)
+    overlapped = facts.traits.overlaps_tensor_collectives
+    found = collectives(model, train, r, overlapped=overlapped)
+    axes = axis_traffic(found, r, factors, efficiency, priced)
     host = host_bytes(model, train, r, facts)
     host_memory = facts.need("host_memory_bytes") if host else facts.host_memory_bytes
     moved = host * train.microbatches  # every micro-batch writes and reads its own

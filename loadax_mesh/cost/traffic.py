@@ -34,7 +34,12 @@ device and per step. What each role's axis carries:
   output gathered for the logits and for the unembedding's gradient, and its gradient
   reduce-scattered. (The TPU compiler runs some inside the matmuls as permute rings, and some
   reduce-scatters as all-reduces, which report their buffer once and move it twice:
-  bench_cost.)
+  bench_cost.) They feed the next matmul, so they wait, but libtpu overlaps most (the
+  scheduled HLO of a tensor-16 step, 2 layers, full and dots remat): the backward pass's
+  gathers run as async collective fusions beside matmuls, but for the one that regathers a
+  norm's output (the recompute's, or for the weight gradients: one sync all-gather, one
+  windowed), and one reduce-scatter of each pass runs as a windowed (collective) matmul. The
+  forward pass's two gathers and the recompute's wait; so do the other reduce-scatters.
 - Sequence: per layer keys and values gathered along the sequence (forward, and again for a
   full-remat recompute) and their gradients reduce-scattered.
 An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase; the time
@@ -89,8 +94,11 @@ class AxisTraffic:
         return data
 
 
-def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collective]:
-    """Every collective the step runs, by axis (see the module's docstring). With micro-batches
+def collectives(
+    model: ModelSpec, train: TrainSpec, roles: Roles, *, overlapped: bool = False
+) -> list[Collective]:
+    """Every collective the step runs, by axis (see the module's docstring); `overlapped`: the
+    compiler overlaps tensor-parallel collectives with matmuls (libtpu's trait). With micro-batches
     each runs once per micro-batch: the weights are gathered again and each micro-batch's
     gradients are reduced as they come (the step differentiates one micro-batch at a time);
     activation collectives move a micro-batch's rows each time."""
@@ -146,16 +154,26 @@ def collectives(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collec
                        True),
         ]  # fmt: skip
     if roles.model is not None and m > 1:
-        activation = sh.micro_rows * sh.seq * d * cd
-        gathers = (L * (2 + 6 + norms_again) + 3) * M
-        reductions = (L * (2 + 2 + again) + 1) * M
+        t, activation = roles.model, sh.micro_rows * sh.seq * d * cd
+        gathers, reductions = L * (2 + 6 + norms_again), L * (2 + 2 + again)
+        # Overlapped (libtpu): the backward pass's gathers but one that regathers a norm's
+        # output (the recompute's, or for the weight gradients), and one reduce-scatter of
+        # each pass (a windowed matmul); the rest wait.
+        hidden = (L * (6 + norms_again - max(norms_again, 1)), 2 * L) if overlapped else (0, 0)
         found += [
-            Collective(roles.model, "all-gather", "hidden-cut activations", activation,
-                       gathers, False),
-            Collective(roles.model, "reduce-scatter", "block outputs and gradients",
-                       activation, reductions, False),
-            Collective(roles.model, "all-reduce", "embedding lookup", activation, M, False),
+            Collective(t, "all-gather", "hidden-cut activations", activation,
+                       (gathers - hidden[0] + 3) * M, False),
+            Collective(t, "reduce-scatter", "block outputs and gradients", activation,
+                       (reductions - hidden[1] + 1) * M, False),
+            Collective(t, "all-reduce", "embedding lookup", activation, M, False),
         ]  # fmt: skip
+        if overlapped:
+            found += [
+                Collective(t, "all-gather", "backward gathers beside matmuls", activation,
+                           hidden[0] * M, True),
+                Collective(t, "reduce-scatter", "windowed-matmul reductions", activation,
+                           hidden[1] * M, True),
+            ]  # fmt: skip
     if model.num_experts:
         found += exchanges(model, train, roles)
     if roles.seq is not None and roles.size("seq") > 1:

@@ -58,6 +58,11 @@ class PlatformTraits:
     # libtpu's backward pass of a fully recomputed layer holds one sublayer's buffers at a
     # time (its live ranges at the peak); on GPU the whole layer's are counted.
     one_sublayer_at_a_time: bool
+    # libtpu overlaps most tensor-parallel collectives with matmuls: the backward pass's
+    # gathers as async collective fusions, one reduce-scatter a pass as a windowed (collective)
+    # matmul; only the forward's and the recompute's gathers and the other reductions wait
+    # (a tensor-16 step, full and dots remat). XLA's GPU compiler runs them in line.
+    overlaps_tensor_collectives: bool
 
     def compile_options(self, dump_dir: str) -> dict[str, Any] | None:
         """Options for `Lowered.compile`: where the compiler judges fit (libtpu), a dump
@@ -84,6 +89,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         holds_reduced_gradients=True,
         offload_overlaps_compute=True,
         one_sublayer_at_a_time=True,
+        overlaps_tensor_collectives=True,
     ),
     "gpu": PlatformTraits(
         platform="gpu",
@@ -102,6 +108,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         holds_reduced_gradients=False,
         offload_overlaps_compute=False,
         one_sublayer_at_a_time=False,
+        overlaps_tensor_collectives=False,
     ),
     "cpu": PlatformTraits(
         platform="cpu",
@@ -120,6 +127,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         holds_reduced_gradients=False,
         offload_overlaps_compute=False,
         one_sublayer_at_a_time=False,
+        overlaps_tensor_collectives=False,
     ),
 }
 
