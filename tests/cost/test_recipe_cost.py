@@ -104,20 +104,34 @@ def test_logits_chunks_divide_the_logits_and_recompute_the_head():
 def test_tensor_parallel_traffic_follows_the_hidden_cut_stream():
     """Per layer under full remat: 10 activation gathers (forward 2, recompute 2, backward 6:
     each matmul gathers what it needs whole) and 5 reduce-scatters; without a recompute 8 and
-    4. Logits chunks change none of it."""
+    4. Logits chunks change none of it. On TPU libtpu overlaps the backward pass's gathers but
+    the one that regathers a norm's output, and one reduce-scatter a pass (a tensor-16 step's
+    scheduled HLO: full 4 gathers and 3 reductions wait a layer, dots 3 and 2); on GPU all
+    wait."""
 
-    def tensor(**recipe):
-        plan = MeshConfig.from_preset("fsdp_tp", tp=2).plan(simulate_devices("tpu-v5p-16"))
+    def tensor(hardware="tpu-v5p-16", **recipe):
+        plan = MeshConfig.from_preset("fsdp_tp", tp=2).plan(simulate_devices(hardware))
         e = estimate(plan, SMALL, TrainSpec(global_batch=8, **recipe))
-        return {c.what: (c.kind, c.count) for c in e.axes["model"].collectives}
+        return {c.what: (c.kind, c.count, c.overlaps) for c in e.axes["model"].collectives}
 
     full = tensor(remat="full")
-    assert full["hidden-cut activations"] == ("all-gather", 10 * L + 3)
-    assert full["block outputs and gradients"] == ("reduce-scatter", 5 * L + 1)
+    assert full["hidden-cut activations"] == ("all-gather", 4 * L + 3, False)
+    assert full["backward gathers beside matmuls"] == ("all-gather", 6 * L, True)
+    assert full["block outputs and gradients"] == ("reduce-scatter", 3 * L + 1, False)
+    assert full["windowed-matmul reductions"] == ("reduce-scatter", 2 * L, True)
     dots = tensor(remat="dots")
-    assert dots["hidden-cut activations"][1] == 8 * L + 3
-    assert dots["block outputs and gradients"][1] == 4 * L + 1
+    assert dots["hidden-cut activations"][1] + dots["backward gathers beside matmuls"][1] == (
+        8 * L + 3
+    )
+    assert (dots["hidden-cut activations"][1], dots["block outputs and gradients"][1]) == (
+        3 * L + 3,
+        2 * L + 1,
+    )
     assert tensor(remat="full", logits_chunks=4) == full
+    gpu = tensor("gpu-a3-highgpu-8g-16", remat="full")
+    assert gpu["hidden-cut activations"] == ("all-gather", 10 * L + 3, False)
+    assert gpu["block outputs and gradients"] == ("reduce-scatter", 5 * L + 1, False)
+    assert "windowed-matmul reductions" not in gpu
 
 
 def test_recompute_flops_follow_the_placement():

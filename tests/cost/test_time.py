@@ -110,9 +110,33 @@ def test_an_axis_over_ici_and_dcn_sends_its_ici_share_across_granules() -> None:
         c.count * (2 if c.kind == "all-reduce" else 1) * c.bytes / 128 / 2 for c in fsdp.collectives
     )
     runs = sum(c.count * (2 if c.kind == "all-reduce" else 1) for c in fsdp.collectives)
-    expected = moved / facts.dcn_bandwidth + runs * facts.need("dcn_latency")
+    expected = moved / facts.dcn_bandwidth + runs * calibration("dcn_latency", "tpu")
     assert fsdp.dcn_seconds == pytest.approx(expected)
     assert e.time.across_granules == pytest.approx(fsdp.dcn_seconds)
+
+
+def test_data_parallel_gradients_cross_slices_one_weight_array_at_a_time() -> None:
+    """Data parallel over 4 slices of fsdp 8 (MaxText's multislice runs): each layer's 8
+    weight arrays (q, k, v, o, SwiGLU's three, the norms' scales together) and the two tables
+    with the final norm cross slices one all-reduce each, every one a ring of 2 x 3 steps at
+    the calibrated latency; the bytes are the device's bf16 gradient shard, (4 - 1) / 4 of it
+    each way over its share of the host's network."""
+    from loadax_mesh.hardware.profile import hardware_profile
+
+    hardware = "tpu-v5litepod-8-4"
+    p = MeshConfig.from_preset("fsdp").plan(simulate_devices(hardware), selector=hardware)
+    assert (p.shape["data"], p.shape["fsdp"]) == (4, 8)
+    model = ModelSpec.from_name("llama3-8b")
+    e = estimate(p, model, TrainSpec(global_batch=32))
+    data, facts = e.axes["data"], hardware_profile(hardware).facts()
+    runs = 32 * 8 + 3
+    shard = model.num_params // 8 * 2
+    assert sum(c.count for c in data.collectives) == runs
+    assert sum(c.bytes * c.count for c in data.collectives) == pytest.approx(shard, rel=1e-6)
+    latency = calibration("dcn_latency", "tpu")
+    expected = 2 * 3 / 4 * shard / facts.dcn_bandwidth + runs * 2 * 3 * latency
+    assert data.dcn_seconds == pytest.approx(expected, rel=1e-6)
+    assert e.time.across_granules == pytest.approx(data.dcn_seconds)
 
 
 def test_a_two_matrix_tied_model_with_wide_heads_counted_by_hand() -> None:
