@@ -2,11 +2,13 @@
 every run of the calibration set (benchmarks/production_runs.py), with its published mesh and
 recipe, term by term.
 
-The named calibrations (configs/calibration.toml) per platform, `compute_efficiency` and, on
-TPU, `matmul_intensity`, are judged run by run with the pair fitted on the other runs of its
-platform (leave one out, a grid search of the squared relative errors): the prediction of a
-run never saw that run. `--fit` prints the pair fitted on all runs (what
-configs/calibration.toml holds). `--roofline` also compiles each run's step (at its compile
+The named calibrations (configs/calibration.toml) per platform are judged run by run with the
+calibrations fitted on the other runs of its platform (leave one out): the prediction of a run
+never saw that run. First those across granules, on how each multislice (multi-host) run's step
+grows over its one-granule run's, which the compute calibrations do not change: `dcn_latency`
+by least squares at each `dcn_slice_bandwidth` of a grid (TPU), the pair with the least error;
+then at them `compute_efficiency` and, on TPU, `matmul_intensity`, a grid search of the squared
+relative errors. `--fit` prints them fitted on all runs (what configs/calibration.toml holds). `--roofline` also compiles each run's step (at its compile
 size, one TPU compile at a time; a minute each for the v6e runs) and prints the compiled
 program's roofline (`CompileReport.roofline_seconds`) beside the estimate's compute.
 
@@ -14,8 +16,8 @@ Logged steps: the TPU runs log their step; the A3 runs log TFLOP/s per device, c
 with the model FLOPs this estimate counts (6 per parameter and token plus causal attention, as
 MaxText counts them); MaxText's 2023 tables (part two) log TFLOP/s and MFU, converted with
 the FLOPs MaxText counted then (attention whole, not halved, in the v4 and v5e tables) over
-their MFU times the peak. `est/logged (shipped)` predicts with configs/calibration.toml's pair
-(fitted on all runs). Targets (issue 33): every run within 15%; the MFU lost from 1 to N slices
+their MFU times the peak. `est/logged (shipped)` predicts with configs/calibration.toml's
+calibrations (fitted on all runs). Targets (issue 33): every run within 15%; the MFU lost from 1 to N slices
 within 3 points of the logged loss.
 
     python benchmarks/bench_time.py [--fit] [--roofline] [--markdown]
@@ -39,7 +41,7 @@ from production_runs import RUNS
 
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost.estimate import Estimate, estimate, estimate_parts, plan_parts
-from loadax_mesh.cost.time import calibration, matmul_intensity
+from loadax_mesh.cost.time import calibration, dcn_slice_bandwidth, matmul_intensity
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 
@@ -52,14 +54,19 @@ class Run:
     logged: float  # seconds
 
     def predict(
-        self, efficiency: float, intensity: float | None = None, latency: float = 0.0
+        self,
+        efficiency: float,
+        intensity: float | None = None,
+        latency: float = 0.0,
+        granule: float | None = None,
     ) -> Estimate:
-        """The estimate at these calibrations (intensity None: no limit)."""
+        """The estimate at these calibrations (intensity, granule None: no limit)."""
         return estimate_parts(
             *self.parts,
             compute_efficiency=efficiency,
             intensity=intensity or float("inf"),
             dcn_latency=latency,
+            slice_bandwidth=granule or float("inf"),
         )
 
     def latency_steps(self) -> float:
@@ -108,16 +115,26 @@ INTENSITIES: dict[str, tuple[float | None, ...]] = {
     "tpu": (None, *(round(100 * 10 ** (k / 30)) for k in range(31))),  # 100 to 1000
     "gpu": (None,),
 }
+# What a granule sends across granules in all (TPU: bytes/s a slice), None for no limit.
+GRANULES: dict[str, tuple[float | None, ...]] = {
+    "tpu": (None, *(50e9 * k for k in range(2, 41))),  # 100 GB/s to 2 TB/s
+    "gpu": (None,),
+}
 
 
 @dataclass
 class Table:
     """A platform's runs on the grid: each run's step at every (intensity, efficiency) without
-    latency across granules, the seconds it gains per second of `dcn_latency`, its logged step,
-    and the index of its one-slice (one-host) run, the same program on one granule."""
+    latency or a granule's limit across granules, the seconds it gains per second of
+    `dcn_latency`, its bytes across granules (as seconds at its device's own bandwidth) with
+    that bandwidth and its granule's devices, its logged step, and the index of its one-slice
+    (one-host) run, the same program on one granule."""
 
     steps: np.ndarray  # [run, intensity, efficiency]
     per_latency: np.ndarray  # [run]
+    across: np.ndarray  # [run] seconds across granules at zero latency, no granule limit
+    bandwidth: np.ndarray  # [run] the device's own bandwidth across granules (0: none)
+    devices: np.ndarray  # [run] devices a granule
     logged: np.ndarray  # [run]
     base: list[int | None]  # None: a run on one granule
 
@@ -125,7 +142,10 @@ class Table:
     def of(cls, group: list[Run], platform: str) -> Table:
         steps = np.array(
             [
-                [[r.predict(k, i).step_seconds for k in EFFICIENCIES] for i in INTENSITIES[platform]]
+                [
+                    [r.predict(k, i).step_seconds for k in EFFICIENCIES]
+                    for i in INTENSITIES[platform]
+                ]
                 for r in group
             ]
         )
@@ -141,44 +161,79 @@ class Table:
             for r in group
         ]
         logged = np.array([r.logged for r in group])
-        return cls(steps, np.array([r.latency_steps() for r in group]), logged, base)
+        priced = [r.predict(0.9) for r in group]
+        facts = [r.parts[-1] for r in group]
+        devices = [math.prod(ici for ici, _ in r.parts[3].values()) for r in group]
+        return cls(
+            steps,
+            np.array([r.latency_steps() for r in group]),
+            np.array([e.time.across_granules for e in priced]),
+            np.array([f.dcn_bandwidth or 0.0 for f in facts]),
+            np.array(devices, float),
+            logged,
+            base,
+        )
 
-    def latency(self, leave: int | None = None) -> float:
-        """`dcn_latency` fitted on how the steps grow from one granule to many (all runs but
-        `leave`): least squares of the predicted growth against the logged one, relative to
-        the one-granule step. The growth is the collectives across granules alone (the same
-        program on each granule), so it does not depend on the compute calibrations."""
-        num = den = 0.0
-        for n, b in enumerate(self.base):
-            if b is None or n == leave:
-                continue
-            # the growth at zero latency, and its slope: the runs' steps at any grid point
-            grown = self.steps[n, 0, 0] - self.steps[b, 0, 0]
-            gap = (self.logged[n] - self.logged[b] - grown) / self.logged[b]
-            slope = self.per_latency[n] / self.logged[b]
-            num, den = num + slope * gap, den + slope * slope
-        return max(0.0, round(num / den, 6)) if den else 0.0
+    def across_at(self, granule: float | None) -> np.ndarray:
+        """Each run's seconds across granules at zero latency with a granule's limit."""
+        if granule is None:
+            return self.across
+        own = np.where(self.bandwidth > 0, self.bandwidth, 1.0)
+        return self.across * own / np.minimum(own, granule / self.devices)
 
-    def errors(self, latency: float) -> np.ndarray:
+    def across_granules(
+        self, platform: str, leave: int | None = None
+    ) -> tuple[float, float | None]:
+        """(`dcn_latency`, `dcn_slice_bandwidth`) fitted on how the steps grow from one granule
+        to many (all runs but `leave`): for each granule limit of the grid the latency by least
+        squares of the predicted growth against the logged one, relative to the one-granule
+        step, and the pair with the least squared error. The growth is the collectives across
+        granules alone (the same program on each granule): it does not depend on the compute
+        calibrations."""
+        best: tuple[float, float, float | None] = (math.inf, 0.0, None)
+        pairs = [(n, b) for n, b in enumerate(self.base) if b is not None and n != leave]
+        if not pairs:
+            return 0.0, None
+        for granule in GRANULES[platform]:
+            across = self.across_at(granule)
+            gap = np.array([(self.logged[n] - self.logged[b] - across[n]) / self.logged[b]
+                            for n, b in pairs])  # fmt: skip
+            slope = np.array([self.per_latency[n] / self.logged[b] for n, b in pairs])
+            latency = max(0.0, round(float(slope @ gap / (slope @ slope)), 6))
+            loss = float(((gap - latency * slope) ** 2).sum())
+            if loss < best[0]:
+                best = (loss, latency, granule)
+        return best[1], best[2]
+
+    def errors(self, latency: float, granule: float | None) -> np.ndarray:
         """Relative error of every run at every grid point: [run, intensity, efficiency]."""
-        steps = self.steps + latency * self.per_latency[:, None, None]
+        extra = self.across_at(granule) - self.across + latency * self.per_latency
+        steps = self.steps + extra[:, None, None]
         return steps / self.logged[:, None, None] - 1
 
 
 def fit(
     table: Table, platform: str, leave: int | None = None
-) -> tuple[float, float | None, float]:
-    """The calibrations fitted on the runs in `table` but `leave`: `dcn_latency` on the growth
-    across granules, then (efficiency, intensity) minimising the squared relative errors at
-    it (a grid search)."""
-    latency = table.latency(leave)
-    errors = table.errors(latency)
+) -> tuple[float, float | None, float, float | None]:
+    """The calibrations fitted on the runs in `table` but `leave`: `dcn_latency` and
+    `dcn_slice_bandwidth` on the growth across granules, then (efficiency, intensity)
+    minimising the squared relative errors at them (a grid search)."""
+    latency, granule = table.across_granules(platform, leave)
+    errors = table.errors(latency, granule)
     keep = np.ones(len(errors), bool)
     if leave is not None:
         keep[leave] = False
     loss = (errors[keep] ** 2).sum(axis=0)
     i, k = np.unravel_index(int(np.argmin(loss)), loss.shape)
-    return EFFICIENCIES[k], INTENSITIES[platform][i], latency
+    return EFFICIENCIES[k], INTENSITIES[platform][i], latency, granule
+
+
+def calibrations(fitted: tuple[float, float | None, float, float | None]) -> str:
+    """A run's leave-one-out calibrations as a cell: efficiency, intensity, dcn_latency in us,
+    dcn_slice_bandwidth in GB/s (none: no limit)."""
+    k, i, latency, granule = fitted
+    slice_ = "none" if granule is None else f"{granule / 1e9:.0f}"
+    return f"{k:.3f}, {i}, {latency * 1e6:.0f}, {slice_}"
 
 
 def main() -> None:
@@ -193,22 +248,24 @@ def main() -> None:
     tables = {p: Table.of(group, p) for p, group in by_platform.items()}
     if args.fit:
         for p, group in by_platform.items():
-            k, i, lat = fit(tables[p], p)
+            k, i, lat, g = fit(tables[p], p)
             print(
                 f"{p}: compute_efficiency {k:.3f}, matmul_intensity {i}, dcn_latency "
-                f"{lat * 1e6:.0f} us ({len(group)} runs)"
+                f"{lat * 1e6:.0f} us, dcn_slice_bandwidth {g} ({len(group)} runs)"
             )
     shipped = {
         p: (
             calibration("compute_efficiency", p),
             matmul_intensity(p),
             calibration("dcn_latency", p),
+            dcn_slice_bandwidth(p),
         )
         for p in by_platform
     }
     header = [
         "run", "part", "logged s", "predicted s", "error", "est/logged",
-        "est/logged (shipped)", "MFU logged", "MFU pred", "efficiency, intensity, DCN us (LOO)",
+        "est/logged (shipped)", "MFU logged", "MFU pred",
+        "efficiency, intensity, DCN us, slice GB/s (LOO)",
         "matmul", "attention", "memory-bound", "hidden comm", "exposed", "DCN", "offload",
     ]  # fmt: skip
     if args.roofline:
@@ -229,7 +286,7 @@ def main() -> None:
             cells = [
                 run.spec["name"], str(part), f"{run.logged:.3f}", f"{e.step_seconds:.3f}",
                 f"{err:+.1%}", f"{e.step_seconds / run.logged:.2f}", f"{at_shipped:.2f}",
-                f"{logged_mfu:.3f}", f"{e.mfu:.3f}", f"{others[0]:.3f}, {others[1]}, {others[2] * 1e6:.0f}",
+                f"{logged_mfu:.3f}", f"{e.mfu:.3f}", calibrations(others),
                 *(f"{x:.3f}" for x in (t.matmul, t.attention, t.memory_bound, t.hidden,
                                        t.exposed, t.across_granules, t.offload)),
             ]  # fmt: skip

@@ -2,9 +2,10 @@
 
 The step time is cost/time.py's, term by term: matmuls (by shape) and attention kernels at the
 calibrated share of the peak, memory-bound operations at HBM bandwidth, collectives inside a
-granule hidden up to the compute where they overlap (FSDP gathers, gradient reductions) and
-exposed where they feed the next operation (tensor-parallel gathers and reductions, sequence
-gathers), collectives across granules exposed, host-offload copies hidden behind their own pass.
+granule hidden up to the compute where they overlap (FSDP gathers, gradient reductions, the
+tensor-parallel ones libtpu runs beside matmuls) and exposed where they feed the next operation
+(the other tensor-parallel gathers and reductions, sequence gathers), collectives across granules
+exposed, host-offload copies hidden behind their own pass.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .memory import Shapes, host_bytes, memory_terms, phases
 from .moe import moe_op_flops
-from .time import StepTime, calibration, matmul_intensity, step_time
+from .time import StepTime, calibration, dcn_slice_bandwidth, matmul_intensity, step_time
 from .traffic import AxisTraffic, axis_traffic, collectives
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 
 OVERLAP = (
     "inside granules, FSDP gathers and gradient reductions hide behind compute, tensor-parallel "
-    "and sequence collectives are exposed; collectives across granules are exposed; "
+    "collectives wait but those the TPU compiler overlaps with matmuls, sequence collectives "
+    "wait; collectives across granules are exposed; "
     "offload copies hide behind their own pass's compute on TPU (out: forward, in: backward) "
     "and wait on GPU; "
     "step = max(compute, hidden) + exposed + across granules + exposed offload"
@@ -130,11 +132,13 @@ def estimate_parts(
     compute_efficiency: float | None = None,
     intensity: float | None = None,
     dcn_latency: float | None = None,
+    slice_bandwidth: float | None = None,
 ) -> Estimate:
     """The estimate from its parts (what `choose_mesh` varies without building a plan);
     `terms` are the memory terms when already computed (they do not depend on the plan);
     `compute_efficiency` replaces the calibrated one (configs/calibration.toml; what
-    benchmarks/bench_time.py fits), `intensity` and `dcn_latency` the others likewise."""
+    benchmarks/bench_time.py fits), `intensity`, `dcn_latency` and `slice_bandwidth` the others
+    likewise (`float("inf")`: no limit)."""
     if terms is None:
         terms = memory_terms(
             model, train, r, facts, batch_across_granules=holds_tables(facts, r, factors)
@@ -144,7 +148,9 @@ def estimate_parts(
     flops, model_flops, recompute = step_flops(model, train, r)
     if dcn_latency is None:
         dcn_latency = calibration("dcn_latency", facts.platform)
-    priced = replace(facts, dcn_latency=dcn_latency)  # a ring step across granules, as run
+    if slice_bandwidth is None:
+        slice_bandwidth = dcn_slice_bandwidth(facts.platform) or float("inf")
+    priced = across_granules(facts, factors, dcn_latency, slice_bandwidth)
     overlapped = facts.traits.overlaps_tensor_collectives
     found = collectives(model, train, r, overlapped=overlapped)
     axes = axis_traffic(found, r, factors, efficiency, priced)
@@ -267,6 +273,22 @@ def _bottleneck(t: StepTime, axes: dict[str, AxisTraffic]) -> str:
         return f"{slowest.role} axis {slowest.axis!r} ({_where(slowest)}; hides no more)"
     parts = {"matmuls": t.matmul, "attention": t.attention, "memory-bound ops": t.memory_bound}
     return f"compute ({max(parts, key=lambda k: parts[k])})"
+
+
+def across_granules(
+    facts: DeviceFacts, factors: dict[str, tuple[int, int]], latency: float, granule: float
+) -> DeviceFacts:
+    """The device's facts across granules as the runs reached them: a ring step's latency, and
+    its bandwidth no more than its share of what its whole granule sends (`granule` bytes/s,
+    shared by the granule's devices)."""
+    devices = 1
+    for ici, _ in factors.values():
+        devices *= ici
+    own = facts.dcn_bandwidth
+    share = granule / devices
+    return replace(
+        facts, dcn_latency=latency, dcn_bandwidth=own if own is None else min(own, share)
+    )
 
 
 def holds_tables(facts: DeviceFacts, r: Roles, factors: dict[str, tuple[int, int]]) -> bool:

@@ -24,9 +24,10 @@
   0.11.2, benchmarks/bench_gpu_step.py) offloading added 40-80% of the transfers' serial time to
   the step, where hiding them would add none.
 
-`efficiency` is the one fitted number: the share of the peak a step's matmuls and attention
-kernels reach, a named calibration per platform (configs/calibration.toml), fitted by
-benchmarks/bench_time.py on the calibration set alone.
+`efficiency` and `intensity` are named calibrations per platform (configs/calibration.toml),
+as are the latency of a ring step across granules and what a TPU slice sends across slices in
+all (cost/estimate.py's `across_granules`), all fitted by benchmarks/bench_time.py on the
+calibration set alone.
 """
 
 from __future__ import annotations
@@ -231,6 +232,13 @@ def matmul_intensity(platform: Platform) -> float | None:
     """The calibrated FLOPs per HBM byte of a tiled matmul on `platform`, None where the
     calibration set shows no such limit (configs/calibration.toml)."""
     entry = _calibrations().get("matmul_intensity", {}).get(platform)
+    return None if entry is None else float(entry["value"])
+
+
+def dcn_slice_bandwidth(platform: Platform) -> float | None:
+    """The calibrated bytes/s one granule (a TPU slice) sends across granules in all, shared by
+    its devices; None where the calibration set shows no such limit (configs/calibration.toml)."""
+    entry = _calibrations().get("dcn_slice_bandwidth", {}).get(platform)
     return None if entry is None else float(entry["value"])
 
 

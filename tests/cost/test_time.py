@@ -199,3 +199,23 @@ def test_a_chip_whose_compute_outruns_its_memory_reaches_less_of_its_peak() -> N
         limited = estimate_parts(LONG, train, *parts)
         free = estimate_parts(LONG, train, *parts, intensity=float("inf"))
         assert limited.time.matmul == pytest.approx(free.time.matmul / fed), hardware
+
+
+def test_a_large_slice_shares_what_it_sends_across_slices() -> None:
+    """Data parallel over 2 slices of 1,024 v5p chips: a chip's catalogued 6.25 GB/s across
+    slices exceeds its share of what the slice sends in all (the calibrated
+    dcn_slice_bandwidth over 1,024 chips), so the gradient shard crosses at that share."""
+    from loadax_mesh.cost.time import dcn_slice_bandwidth
+
+    hardware = "tpu-v5p-2048-2"
+    p = MeshConfig.from_preset("fsdp").plan(simulate_devices(hardware), selector=hardware)
+    model = ModelSpec.from_name("llama3-70b")
+    e = estimate(p, model, TrainSpec(global_batch=2048))
+    data = e.axes["data"]
+    assert (data.ici, data.dcn) == (1, 2)
+    share = (dcn_slice_bandwidth("tpu") or 0.0) / 1024
+    assert 0 < share < 6.25e9
+    moved = sum(c.bytes * c.count for c in data.collectives)  # an all-reduce: (2 - 1) / 2, twice
+    runs = sum(c.count for c in data.collectives)
+    expected = moved / share + runs * 2 * calibration("dcn_latency", "tpu")
+    assert data.dcn_seconds == pytest.approx(expected, rel=1e-6)
