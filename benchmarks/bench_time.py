@@ -8,17 +8,18 @@ never saw that run. First those across granules, on how each multislice (multi-h
 grows over its one-granule run's, which the compute calibrations do not change: `dcn_latency`
 by least squares at each `dcn_slice_bandwidth` of a grid (TPU), the pair with the least error;
 then at them `compute_efficiency` and, on TPU, `matmul_intensity`, a grid search of the squared
-relative errors. `--fit` prints them fitted on all runs (what configs/calibration.toml holds). `--roofline` also compiles each run's step (at its compile
-size, one TPU compile at a time; a minute each for the v6e runs) and prints the compiled
-program's roofline (`CompileReport.roofline_seconds`) beside the estimate's compute.
+relative errors. `--fit` prints them fitted on all runs (what configs/calibration.toml
+holds). `--roofline` also compiles each run's step (at its compile size, one TPU compile at a
+time; a minute each for the v6e runs) and prints the compiled program's roofline
+(`CompileReport.roofline_seconds`) beside the estimate's compute.
 
 Logged steps: the TPU runs log their step; the A3 runs log TFLOP/s per device, converted here
 with the model FLOPs this estimate counts (6 per parameter and token plus causal attention, as
 MaxText counts them); MaxText's 2023 tables (part two) log TFLOP/s and MFU, converted with
 the FLOPs MaxText counted then (attention whole, not halved, in the v4 and v5e tables) over
 their MFU times the peak. `est/logged (shipped)` predicts with configs/calibration.toml's
-calibrations (fitted on all runs). Targets (issue 33): every run within 15%; the MFU lost from 1 to N slices
-within 3 points of the logged loss.
+calibrations (fitted on all runs). Targets (issue 33): every run within 15%; the MFU lost from
+1 to N slices within 3 points of the logged loss.
 
     python benchmarks/bench_time.py [--fit] [--roofline] [--markdown]
 """
@@ -191,7 +192,7 @@ class Table:
         granules alone (the same program on each granule): it does not depend on the compute
         calibrations."""
         best: tuple[float, float, float | None] = (math.inf, 0.0, None)
-        pairs = [(n, b) for n, b in enumerate(self.base) if b is not None and n != leave]
+        pairs = [(n, b) for n, b in enumerate(self.base) if b is not None and leave not in (n, b)]
         if not pairs:
             return 0.0, None
         for granule in GRANULES[platform]:
