@@ -14,7 +14,10 @@ estimated to fit.
 
 Also printed: issue 1256's fine-grained check (Mixtral 8x7B's experts as 8 of top-2 against 56
 of top-14 at moe_d_ff 2048, equal FLOPs and parameters): the model's MFU ratio beside the
-measured 28 / 50.4.
+measured 28 / 50.4. Then, as benchmarks/bench_runs.py does for the dense runs,
+`choose_mesh`'s mesh and recipe for each run's hardware, model, batch, dtypes and MoE path
+beside the published one (both estimated), and the same for Mixtral 8x22B's published
+v6e-256 recipe.
 
     python benchmarks/bench_moe_time.py [--fit] [--markdown]
 """
@@ -33,12 +36,14 @@ import numpy as np
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from bench_runs import short
 from bench_time import print_table
-from moe_runs import MOE_RUNS, MOE_SKIPPED
+from moe_runs import MIXTRAL_8X22B, MOE_RUNS, MOE_SKIPPED, OFFLOAD_QKV_OUT
 
-from loadax_mesh import MeshConfig, simulate_devices
+from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
 from loadax_mesh.cost.estimate import Estimate, estimate, estimate_parts, plan_parts
 from loadax_mesh.cost.time import permute_bandwidth
+from loadax_mesh.view.picture import shape_text
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 # The grid of `permute_bandwidth`: 0.1% to 100% of HBM bandwidth, log-spaced, and no limit.
@@ -113,6 +118,49 @@ def fine_grained(share: float | None = None) -> tuple[float, float]:
     return coarse_e.mfu, fine_e.mfu
 
 
+_RECIPE = ("remat", "microbatches", "logits_chunks")
+
+
+def recipe_text(e: Estimate) -> str:
+    remat = short(e.remat)
+    return f"{shape_text(e.mesh, drop_ones=True)}; {remat} x{e.microbatches}" + (
+        f" /{e.logits_chunks}" if e.logits_chunks > 1 else ""
+    )
+
+
+def chosen(runs: list[MoeRun]) -> tuple[list[str], list[list[str]]]:
+    """bench_runs' comparison for the MoE runs, and for Mixtral 8x22B's published v6e-256 recipe
+    (MaxText's `mixtral_8x22b_dropped`: fsdp 64 x expert 4, its custom offload, dropping at
+    1.25, bfloat16 weights; issue 34's `plan` command): `choose_mesh`'s best mesh and recipe for
+    the same hardware, model, batch, dtypes and MoE path, estimated beside the published one."""
+    header = ["run", "published mesh; remat", "est step s", "chosen mesh; remat x micro [/chunks]",
+              "est step s", "chosen/published", "search s"]  # fmt: skip
+    cases = [(r.spec["name"], r.spec["hardware"], r.parts[0], TrainSpec(**r.spec["train"]),
+              r.spec["mesh"]) for r in runs]  # fmt: skip
+    cases.append((
+        "Mixtral-8x22B v6e-256 (published recipe, no logged step used)", "tpu-v6e-256",
+        ModelSpec.from_name("mixtral-8x22b"),
+        TrainSpec(global_batch=2048, remat=OFFLOAD_QKV_OUT, **MIXTRAL_8X22B),
+        {"axes": ("fsdp", "expert"), "shape": (64, 4), "batch": ("fsdp", "expert")},
+    ))  # fmt: skip
+    rows = []
+    for name, hardware, model, train, mesh in cases:
+        plan = MeshConfig(mesh["shape"], mesh["axes"], mesh["batch"]).plan(
+            simulate_devices(hardware), selector=hardware
+        )
+        theirs = estimate(plan, model, train)
+        base = replace(train, remat="full", microbatches=1, logits_chunks=1)
+        start = time.perf_counter()
+        best = choose_mesh(hardware, model, base, top=1)[0].estimate
+        took = time.perf_counter() - start
+        rows.append([
+            name, recipe_text(theirs) + ("" if theirs.fits else " (does not fit)"),
+            f"{theirs.step_seconds:.3f}", recipe_text(best), f"{best.step_seconds:.3f}",
+            f"{best.step_seconds / theirs.step_seconds:.2f}", f"{took:.2f}",
+        ])  # fmt: skip
+    return header, rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="print the share fitted on all runs")
@@ -165,6 +213,8 @@ def main() -> None:
             f"experts top-2, {fine:.3f} at 56 top-14: ratio {fine / coarse:.2f} (measured 50.4% "
             f"and 28%: {28 / 50.4:.2f})"
         )
+    print()
+    print_table(*chosen(runs), markdown=args.markdown)
     for name, why in MOE_SKIPPED.items():
         print(f"skipped {name}: {why}")
     print(f"{platform.node()}, {os.cpu_count()} cores; {time.perf_counter() - start:.1f} s")

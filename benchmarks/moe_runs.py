@@ -147,6 +147,18 @@ MOE_RUNS += [
     },
 ]
 
+# The training fields of MaxText's published Mixtral 8x22B v6e-256 recipe (`mixtral_8x22b_dropped`
+# in AI-Hypercomputer/maxtext benchmarks/maxtext_trillium_model_configs.py: pdbs 8, seq 4096,
+# ici_fsdp 64 x ici_expert 4, decoder_layer_input, out_proj and q/k/v offloaded, megablox and
+# sparse_matmul off, capacity_factor 1.25, weight_dtype bfloat16): a recipe to set beside the
+# choice, not a calibration row (its logged step is not used here). Adam's moments taken in
+# bfloat16 with the weights (optax follows the parameters' dtype).
+MIXTRAL_8X22B = {
+    "param_dtype": "bfloat16",
+    "opt_state_dtype": "bfloat16",
+    **_DROPPING,
+}
+
 # Section 2a's rows this project cannot state as a run, and why.
 MOE_SKIPPED = {
     "M3 Mixtral-8x7B int8 v6e-256": "quantization=int8: int8 matmuls are not modelled",
