@@ -18,6 +18,9 @@
   runs its data-parallel reduction inside the layer loop, where its time at the network's
   rate would hide behind the backward pass, yet the step grows by 17-31% from 1 to 2-16 hosts
   (docs/facts/production_runs.md).
+- MoE layers (cost/moe_time.py): the dropping path's one-hot dispatch and combine einsums
+  beside the matmuls, priced by shape; the dropless path's token copies moved by row index
+  among the memory-bound operations, at the named calibration `permute_bandwidth`.
 - Host offload: on TPU each direction's copies are DMAs beside the cores and hide behind their
   own pass (out: the forward, in: the backward); only what exceeds it is exposed (the v6e
   calibration runs all offload). On GPU both directions are counted exposed: on one H200 (jax
@@ -242,15 +245,18 @@ def calibration(name: str, platform: Platform) -> float:
 def matmul_intensity(platform: Platform) -> float | None:
     """The calibrated FLOPs per HBM byte of a tiled matmul on `platform`, None where the
     calibration set shows no such limit (configs/calibration.toml)."""
-    entry = _calibrations().get("matmul_intensity", {}).get(platform)
-    return None if entry is None else float(entry["value"])
+    return _optional("matmul_intensity", platform)
 
 
 def permute_bandwidth(platform: Platform) -> float | None:
     """The calibrated share of HBM bandwidth at which the dropless MoE path's gathers and
     scatter-adds by row index move their rows, None where the calibration set shows no such
     limit (configs/calibration.toml; cost/moe_time.py)."""
-    entry = _calibrations().get("permute_bandwidth", {}).get(platform)
+    return _optional("permute_bandwidth", platform)
+
+
+def _optional(name: str, platform: Platform) -> float | None:
+    entry = _calibrations().get(name, {}).get(platform)
     return None if entry is None else float(entry["value"])
 
 
