@@ -21,9 +21,8 @@ logits and their gradient exist one chunk at a time, 1/C of them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache, partial
-from operator import attrgetter
 
 from ..hardware.profile import DeviceFacts, attention_kernel
 from ..workload.layout import Roles, param_shapes, splash_blocks
@@ -103,34 +102,12 @@ def layer_weights(model: ModelSpec, m: int) -> int:
     return (model.layer_params - 2 * model.d_model) // m
 
 
-# The TrainSpec fields a layer's intermediates do not depend on (the recipe's placement and
-# chunks, the optimizer's): `_intermediates` is cached on the others, as the recipe search
-# asks for the same intermediates under every remat and chunk count.
-_RECIPE_ONLY = ("remat", "logits_chunks", "learning_rate", "param_dtype", "opt_state_dtype")
-_shaping = attrgetter(*(f.name for f in fields(TrainSpec) if f.name not in _RECIPE_ONLY))
-_FOUND: dict[tuple[object, ...], dict[str, tuple[tuple[int, ...], int]]] = {}
-_SIZES: dict[tuple[object, ...], dict[str, int]] = {}
-
-
 def _intermediates(
     model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, *, splash: bool, moe: bool
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """One layer's forward intermediates on one device: name -> (shape, bytes per element);
     `splash`: attention is TPU's splash kernel; `moe`: a MoE layer (its block's intermediates
-    in place of the dense MLP's, its output `down` as a dense layer's). Cached: callers read
-    the dict, never change it."""
-    key = (model, _shaping(train), sh, roles, splash, moe)
-    found = _FOUND.get(key)
-    if found is None:
-        if len(_FOUND) > 65536:
-            _FOUND.clear()
-        found = _FOUND[key] = _build_intermediates(model, train, sh, roles, splash, moe)
-    return found
-
-
-def _build_intermediates(
-    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, splash: bool, moe: bool
-) -> dict[str, tuple[tuple[int, ...], int]]:
+    in place of the dense MLP's, its output `down` as a dense layer's)."""
     cd = dtype_bytes(train.compute_dtype)
     r, s, hd = sh.micro_rows, sh.seq, model.head_dim
     # The residual stream (the layer's input, its norms and its two outputs) has its hidden
@@ -212,18 +189,9 @@ def layer_bytes(
     `moe`: a MoE layer's."""
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash", moe=moe)
     keep = kept(train, found, where, kernel, model.mlp) if saved else found
-    key = (model, _shaping(train), sh, roles, tile, kernel, saved, moe)
-    sizes = _SIZES.get(key)
-    if sizes is None:
-        if len(_SIZES) > 65536:
-            _SIZES.clear()
-        sizes = _SIZES[key] = {
-            name: stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
-            for name, (shape, nbytes) in found.items()
-        }
-    return sum(  # autodiff's residuals of "none" add arrays of their own (saved.residuals)
-        sizes[n] if v is found.get(n) else stored(*v, tile, minor=-1 if _fixed(n, saved) else None)
-        for n, v in keep.items()
+    return sum(
+        stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
+        for name, (shape, nbytes) in keep.items()
     )
 
 
