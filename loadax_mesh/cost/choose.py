@@ -29,11 +29,17 @@ from ..hardware.strings import simulate_devices
 from ..plan import MeshPlan, plan_config
 from ..shapes import HybridMeshShape
 from ..workload.layout import ROLE_NAMES, Roles, check_fit, check_modelled, roles
-from ..workload.spec import ModelSpec, TrainSpec
+from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from .estimate import Estimate, estimate_parts, holds_tables
+from .memory import shard_bytes
 from .recipes import RECIPE_FIELDS, Recipe, check_recipes, divisors, fitting_recipes
 
 AXES = ("data", "fsdp", "seq", "model")
+_ACROSS = "tensor or sequence axis across granules"
+# A model with experts: also the expert axis, so that the search weighs an expert degree (tokens
+# by all-to-all, each device E / P experts) against experts on fsdp (expert axis 1: every expert
+# on each device, its d_model cut over fsdp, gathered; MaxText's default rules).
+MOE_AXES = ("data", "fsdp", "expert", "seq", "model")
 # The batch axes of a searched mesh: the expert axis is one (it splits the batch as FSDP does
 # outside the experts).
 _BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"], *ROLE_NAMES["expert"])
@@ -102,7 +108,7 @@ def choose_mesh(
     model: str | ModelSpec,
     train: TrainSpec,
     *,
-    axes: Sequence[str] = AXES,
+    axes: Sequence[str] | None = None,
     top: int = 5,
     headroom: float = 0.1,
     recipes: Iterable[Mapping[str, Any]] | None = None,
@@ -120,7 +126,8 @@ def choose_mesh(
         hardware: a catalogue hardware string.
         model: a ModelSpec or a name from `configs/models/`.
         train: the batch, dtypes and attention (and the recipe when `recipes` pins it).
-        axes: the mesh axes whose shapes and ICI/DCN splits are searched.
+        axes: the mesh axes whose shapes and ICI/DCN splits are searched; None (default):
+            AXES, and for a model with experts MOE_AXES (with the expert axis).
         top: how many choices to return.
         headroom: the share of memory left free, in [0, 1).
         recipes: narrows the recipe search: mappings from recipe fields (RECIPE_FIELDS) to
@@ -141,6 +148,8 @@ def choose_mesh(
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     check_modelled(model, experts=True)  # else each mesh's refusal would read as "fits no mesh"
+    if axes is None:
+        axes = MOE_AXES if model.num_experts else AXES
     names = _check_axes(axes, top)
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")
@@ -153,6 +162,8 @@ def choose_mesh(
     ranking = Ranking()
     candidates: list[_Candidate] = []
     smallest: int | None = None  # the least memory a mesh needs where none fits
+    skipped: list[tuple[int, Roles, tuple[int, ...]]] = []  # meshes over their floor (`_floor`)
+    fits = f"{1 - headroom:.0%} of memory"
     batch_ok = False
     for sizes in _factorisations(n, len(names)):
         r = roles(tuple(zip(names, sizes, strict=True)), batch)
@@ -165,14 +176,22 @@ def choose_mesh(
             _count(ranking.pruned, "the model or batch does not divide", splits)
             continue
         batch_ok = True
+        floor = _floor(model, train, r, facts)
+        if floor > facts.hbm_bytes * (1 - headroom):  # no recipe can fit: skip the search
+            skipped.append((floor, r, sizes))
+            for dcn in _dcn_splits(sizes, granules):  # counted as the search would count them
+                ranking.considered += 1
+                reason = _ACROSS if _across(names, r, dcn) else f"no recipe fits in {fits}"
+                _count(ranking.pruned, reason, 1)
+            continue
         # the recipes that fit, and the least memory of those that do not, by whether the
         # split holds the embedding tables for a reduction across granules (memory depends on
         # nothing else of the split)
         fitting: dict[bool, tuple[list[Recipe], int | None]] = {}
         for dcn in _dcn_splits(sizes, granules):
             ranking.considered += 1
-            if any(d > 1 and a in (r.model, r.seq) for a, d in zip(names, dcn, strict=True)):
-                _count(ranking.pruned, "tensor or sequence axis across granules", 1)
+            if _across(names, r, dcn):
+                _count(ranking.pruned, _ACROSS, 1)
                 continue
             ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
             factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
@@ -183,7 +202,7 @@ def choose_mesh(
             if not recipes_here:
                 if least is not None:
                     smallest = least if smallest is None else min(smallest, least)
-                _count(ranking.pruned, f"no recipe fits in {1 - headroom:.0%} of memory", 1)
+                _count(ranking.pruned, f"no recipe fits in {fits}", 1)
                 continue
             bound = _fastest(model, r, factors, {}, facts, recipes_here).key  # perfect rings
             candidates.append(_Candidate(bound, r, factors, recipes_here))
@@ -194,6 +213,15 @@ def choose_mesh(
             "multiple of some batch-axes product"
         )
     if not candidates:
+        # a mesh skipped by its floor needs at least that much: priced where it may be the least
+        for floor, r, sizes in skipped:
+            for dcn in _dcn_splits(sizes, granules) if smallest is None or floor < smallest else ():
+                if not _across(names, r, dcn):
+                    factors = {a: (s // d, d) for a, s, d in zip(names, sizes, dcn, strict=True)}
+                    held = holds_tables(facts, r, factors)
+                    least = fitting_recipes(model, train, wanted, r, facts, held, headroom)[1]
+                    if least is not None:
+                        smallest = least if smallest is None else min(smallest, least)
         needed = "" if smallest is None else f" the smallest needs {smallest / 1e9:.2f} GB"
         raise MeshConfigError(
             f"model {model.name!r} with global batch {train.global_batch} fits no mesh of "
@@ -215,6 +243,22 @@ def choose_mesh(
         best.sort(key=lambda b: b[0])
     ranking.extend(choice for _, choice in best[:top])
     return ranking
+
+
+def _across(names: tuple[str, ...], r: Roles, dcn: tuple[int, ...]) -> bool:
+    """Whether a split puts a tensor or sequence axis across granules (pruned: its collectives
+    would be exposed over DCN)."""
+    return any(d > 1 and a in (r.model, r.seq) for a, d in zip(names, dcn, strict=True))
+
+
+def _floor(model: ModelSpec, train: TrainSpec, r: Roles, facts: DeviceFacts) -> int:
+    """Memory every recipe holds on this mesh in every phase (memory.PHASES): the parameter
+    shards, Adam's two moments and the gradient shards; a mesh whose floor exceeds the memory
+    fits no recipe."""
+    params, moment = (dtype_bytes(d) for d in (train.param_dtype, train.opt_state_dtype))
+    return 2 * shard_bytes(model, r, params, facts.tile) + 2 * shard_bytes(
+        model, r, moment, facts.tile
+    )
 
 
 def _fastest(
@@ -243,7 +287,7 @@ def auto_preset(
 ) -> MeshConfig:
     """`MeshConfig.from_preset("auto", ...)`: the winner of `choose_mesh` (its mesh; recipe
     fields given here narrow the search as `recipes=` does)."""
-    axes = train.pop("axes", AXES)
+    axes = train.pop("axes", None)
     if hardware is None or model is None or global_batch is None:
         raise MeshConfigError(
             f"preset 'auto' needs hardware=, model= and global_batch= (given hardware={hardware!r},"

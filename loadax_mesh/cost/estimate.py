@@ -20,7 +20,14 @@ from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .memory import Shapes, host_bytes, memory_terms, phases
 from .moe import moe_op_flops
-from .time import StepTime, calibration, dcn_slice_bandwidth, matmul_intensity, step_time
+from .time import (
+    StepTime,
+    calibration,
+    dcn_slice_bandwidth,
+    matmul_intensity,
+    permute_bandwidth,
+    step_time,
+)
 from .traffic import AxisTraffic, axis_traffic, collectives
 
 if TYPE_CHECKING:
@@ -133,12 +140,14 @@ def estimate_parts(
     intensity: float | None = None,
     dcn_latency: float | None = None,
     slice_bandwidth: float | None = None,
+    permute_share: float | None = None,
 ) -> Estimate:
     """The estimate from its parts (what `choose_mesh` varies without building a plan);
     `terms` are the memory terms when already computed (they do not depend on the plan);
     `compute_efficiency` replaces the calibrated one (configs/calibration.toml; what
     benchmarks/bench_time.py fits), `intensity`, `dcn_latency` and `slice_bandwidth` the others
-    likewise (`float("inf")`: no limit)."""
+    likewise, `permute_share` the calibrated `permute_bandwidth` (what
+    benchmarks/bench_moe_time.py fits); `float("inf")`: no limit."""
     if terms is None:
         terms = memory_terms(
             model, train, r, facts, batch_across_granules=holds_tables(facts, r, factors)
@@ -161,6 +170,8 @@ def estimate_parts(
         compute_efficiency = calibration("compute_efficiency", facts.platform)
     if intensity is None:
         intensity = matmul_intensity(facts.platform)
+    if permute_share is None:
+        permute_share = permute_bandwidth(facts.platform)
     t = step_time(
         model,
         train,
@@ -172,6 +183,7 @@ def estimate_parts(
         exposed=sum(a.exposed_seconds - a.dcn_seconds for a in axes.values()),
         across_granules=sum(a.dcn_seconds for a in axes.values()),
         offload_bytes=moved,
+        permute_share=permute_share,
     )
     step = t.seconds
     devices = 1

@@ -18,6 +18,9 @@
   runs its data-parallel reduction inside the layer loop, where its time at the network's
   rate would hide behind the backward pass, yet the step grows by 17-31% from 1 to 2-16 hosts
   (docs/facts/production_runs.md).
+- MoE layers (cost/moe_time.py): the dropping path's one-hot dispatch and combine einsums
+  beside the matmuls, priced by shape; the dropless path's token copies moved by row index
+  among the memory-bound operations, at the named calibration `permute_bandwidth`.
 - Host offload: on TPU each direction's copies are DMAs beside the cores and hide behind their
   own pass (out: the forward, in: the backward); only what exceeds it is exposed (the v6e
   calibration runs all offload). On GPU both directions are counted exposed: on one H200 (jax
@@ -45,6 +48,7 @@ from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from .memory import shard_bytes
 from .moe import MoeShapes, moe_intermediates
+from .moe_time import dispatch_einsums, permute_seconds
 
 # FLOPs per causal query-key pair and unit of head_dim, forward and backward, by the platform's
 # fused kernel (the kernels' own matmuls; see compiler/roofline.py): splash's backward pass
@@ -83,12 +87,14 @@ def step_time(
     exposed: float,
     across_granules: float,
     offload_bytes: float,
+    permute_share: float | None = None,
 ) -> StepTime:
     """The step's time on one device. `efficiency` and `intensity` are the named calibrations
     (`calibration`): the share of the peak a matmul reaches when its operands keep up, and the
     FLOPs a matmul does per byte it reads from HBM as the compiler tiles it (None: no limit).
     `hidden`, `exposed` and `across_granules` are the collectives' seconds (cost/traffic.py),
-    `offload_bytes` what goes to host memory and back each way in a step.
+    `offload_bytes` what goes to host memory and back each way in a step; `permute_share` the
+    named calibration `permute_bandwidth` (None: no limit; cost/moe_time.py).
 
     Every size below is one device's: a micro-batch's tokens, and the widths the tensor axis
     cuts (heads, kv heads, d_ff, the vocabulary and the residual stream's d_model)."""
@@ -146,7 +152,7 @@ def step_time(
     # Each matmul runs three times (forward; backward for the input's gradient and the
     # weight's), and once more where the backward pass recomputes its output.
     matmuls = layers * (3 * layer_fwd + sum(projections[op] for op in recomputed))
-    moe = model.num_moe_layers
+    moe, permute = model.num_moe_layers, 0.0
     if moe:  # its dense layers as above, its MoE layers with their own MLP
         ms = MoeShapes.of(model, train, roles)
 
@@ -165,10 +171,19 @@ def step_time(
             + (2 * matmul(d_model, shared) if shared else 0.0),
             "mlp_out": grouped(ms.width, d_model) + (matmul(shared, d_model) if shared else 0.0),
         }
+        mlp_again = placed["mlp_in"] == "recompute"
+        routing_fwd, routing = dispatch_einsums(  # the dropping path's one-hot einsums
+            model, train, roles, rate=rate, hbm=hbm, mxu=(rows_unit, cols_unit),
+            recomputed=mlp_again,
+        )  # fmt: skip
+        # the dropless path's gathers and scatters by row index: memory-bound, per layer
+        permute = permute_seconds(
+            model, train, roles, hbm=hbm, share=permute_share, recomputed=mlp_again
+        )
         moe_fwd = sum(mixed.values())
         matmuls = (layers - moe) * (3 * layer_fwd + sum(projections[op] for op in recomputed))
-        matmuls += moe * (3 * moe_fwd + sum(mixed[op] for op in recomputed))
-        layer_fwd = ((layers - moe) * layer_fwd + moe * moe_fwd) / layers  # their mean
+        matmuls += moe * (3 * moe_fwd + sum(mixed[op] for op in recomputed) + routing)
+        layer_fwd = ((layers - moe) * layer_fwd + moe * (moe_fwd + routing_fwd)) / layers
     head = matmul(d_model, vocab)
     chunked = train.logits_chunks > 1  # each chunk's logits recomputed in the backward pass
     matmuls += head * (3 + chunked)
@@ -191,7 +206,7 @@ def step_time(
         per_token += moe * (fwd_moe + bwd_moe + again_moe)
         shard = float(shard_bytes(model, roles, 1, None))  # experts over the expert axis too
     update = shard * _update_bytes(train)
-    memory = (micro * tokens * per_token + update) / hbm
+    memory = (micro * tokens * per_token + update) / hbm + micro * moe * permute
     compute = micro * (matmuls + kernels) + memory
     forward = micro * (
         layers * (layer_fwd + attention(fwd_pair)) + head + tokens * layers * elementwise_fwd / hbm
@@ -231,7 +246,18 @@ def calibration(name: str, platform: Platform) -> float:
 def matmul_intensity(platform: Platform) -> float | None:
     """The calibrated FLOPs per HBM byte of a tiled matmul on `platform`, None where the
     calibration set shows no such limit (configs/calibration.toml)."""
-    entry = _calibrations().get("matmul_intensity", {}).get(platform)
+    return _optional("matmul_intensity", platform)
+
+
+def permute_bandwidth(platform: Platform) -> float | None:
+    """The calibrated share of HBM bandwidth at which the dropless MoE path's gathers and
+    scatter-adds by row index move their rows, None where the calibration set shows no such
+    limit (configs/calibration.toml; cost/moe_time.py)."""
+    return _optional("permute_bandwidth", platform)
+
+
+def _optional(name: str, platform: Platform) -> float | None:
+    entry = _calibrations().get(name, {}).get(platform)
     return None if entry is None else float(entry["value"])
 
 
