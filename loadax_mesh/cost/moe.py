@@ -12,8 +12,8 @@ experts' width). What the block holds and moves:
 - Capacity: `E` slots of `cap = ceil(t * k / E * capacity_factor)` rows, the padding computed
   as work; over an expert axis the slots exchanged both ways, each local expert then holding
   `P * cap` rows.
-The experts' weights: with an expert axis each device gathers its E / P experts' d_model over
-fsdp; without one every expert's weights are gathered over fsdp (their expert dim's shard).
+The experts' weights, sharded over fsdp by their d_model: each device gathers its E / P experts
+over fsdp with an expert axis, all E without one.
 """
 
 from __future__ import annotations
