@@ -6,7 +6,8 @@ own mesh axes, to use with the plan's own `Mesh`, so the ring order is kept.
 -> the fsdp axis and the expert axis (which acts as fsdp outside the experts, as in MaxText);
 `heads`, `kv_heads`, `mlp`, `vocab` -> the tensor-parallel axis; `kv` (the per-head dim) is
 never sharded; `exp` (the expert dim of MoE weights) -> the expert axis; `embed_no_exp` (the
-d_model dim of expert weights, MaxText's name) -> the fsdp axis, as MaxText's rules have them. A role the plan lacks (or of size 1) maps to None.
+d_model dim of expert weights, MaxText's name) -> the fsdp axis, as MaxText's rules have them.
+A role the plan lacks (or of size 1) maps to None.
 """
 
 from __future__ import annotations

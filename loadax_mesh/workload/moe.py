@@ -24,9 +24,9 @@ balanced load. Token copies are sorted by expert; then:
 The experts' weights are sharded over fsdp by their d_model (MaxText's `embed_no_exp`), with or
 without an expert axis (which holds E / P experts a device): the block gathers them over fsdp.
 Without an expert axis every device thus holds all E experts gathered (MaxText's newer MoE
-recipes, experts on fsdp); the d_model divides fsdp where the expert count may not. The tensor axis splits the
-experts' width; their output is reduce-scattered over it into the residual stream's layout.
-Shared experts are a dense SwiGLU MLP beside the routed ones.
+recipes, experts on fsdp); the d_model divides fsdp where the expert count may not. The tensor
+axis splits the experts' width; their output is reduce-scattered over it into the residual
+stream's layout. Shared experts are a dense SwiGLU MLP beside the routed ones.
 """
 
 from __future__ import annotations
