@@ -46,6 +46,7 @@ MOE_SMALL = (
     "mixtral-8x7b:num_layers=2,d_model=1024,d_ff=2048,moe_d_ff=2048,num_heads=8,num_kv_heads=8,"
     "seq_len=1024"
 )
+MIXTRAL = "mixtral-8x7b:seq_len=4096"
 CASES: list[tuple[Any, ...]] = [
     ("tpu-v5litepod-8", "fsdp", "tiny", 64, "full"),
     ("tpu-v5litepod-8", "fsdp_tp", "tiny", 64, "dots"),
@@ -102,6 +103,12 @@ CASES: list[tuple[Any, ...]] = [
     # width 2048, 2 a token): experts over an expert axis (all-to-all) and over fsdp alone
     ("tpu-v5p-16", "fsdp_ep", MOE_SMALL, 16, "full"),
     ("tpu-v5p-16", "fsdp", MOE_SMALL, 16, "full"),
+    # Mixtral 8x7B whole (32 layers), 4096-token sequences, full remat (MaxText's v5p recipe):
+    # 4 a device over an expert axis of 8, and experts on fsdp 64 (MaxText's ici_fsdp=-1); on
+    # two 8-GPU H100 hosts, 2 a device with the expert axis inside each host's NVLink
+    ("tpu-v5p-128", "fsdp_ep:expert=8", MIXTRAL, 256, "full"),
+    ("tpu-v5p-128", "fsdp", MIXTRAL, 256, "full"),
+    ("gpu-p5.48xlarge-16", "fsdp_ep", MIXTRAL, 32, "full"),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 

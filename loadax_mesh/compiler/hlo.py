@@ -260,7 +260,8 @@ def collectives(
 ) -> list[Collective]:
     """Every collective of the module, each once: async pairs by their start (the `-done` gives
     the result), copies of one op in TPU's async collective fusions by their channel id and
-    origin (shard_map's collectives share a channel, each its own origin), and
+    origin (shard_map's collectives share a channel, each its own origin; the n-th of one origin
+    in a computation is the n-th copy, not the first), and
     TPU multislice transfers over DCN (megascale `send`s) by their send. `device_ids` (the ids
     in device-assignment order) maps megascale groups, which name device ids, to positions."""
     done_shape = {}
@@ -273,6 +274,7 @@ def collectives(
         times = hlo.multiplicity.get(name, 0)
         if not times:
             continue
+        seen: dict[str, int] = defaultdict(int)  # ops of one origin in this computation so far
         for i in body:
             megascale = _MEGASCALE.search(i.attributes) if i.opcode == "send" else None
             kind = _MEGASCALE_KINDS.get(megascale[1]) if megascale else _kind(hlo, i)
@@ -298,6 +300,10 @@ def collectives(
                 if channel
                 else i.name
             )
+            # one origin run twice in one computation is two ops (a helper called twice, as
+            # the MoE block's dispatch and combine: XLA:GPU gives both one frame)
+            seen[key] += 1
+            key += f" #{seen[key]}"
             if key not in found or found[key].count < times:
                 found[key] = Collective(kind, size, times, groups, i.name)
     return list(found.values())

@@ -19,7 +19,7 @@ from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .memory import Shapes, host_bytes, memory_terms, phases
-from .moe import moe_op_flops
+from .moe import expert_rows, moe_op_flops
 from .time import (
     StepTime,
     calibration,
@@ -154,7 +154,9 @@ def estimate_parts(
         )
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
-    flops, model_flops, recompute = step_flops(model, train, r)
+    flops, model_flops, recompute = step_flops(
+        model, train, r, grouped_kernel=facts.traits.mosaic_kernels
+    )
     if dcn_latency is None:
         dcn_latency = calibration("dcn_latency", facts.platform)
     if slice_bandwidth is None:
@@ -242,13 +244,17 @@ def op_flops(model: ModelSpec) -> dict[str, float]:
     }
 
 
-def step_flops(model: ModelSpec, train: TrainSpec, r: Roles) -> tuple[float, float, float]:
+def step_flops(
+    model: ModelSpec, train: TrainSpec, r: Roles, *, grouped_kernel: bool = True
+) -> tuple[float, float, float]:
     """(FLOPs executed, model FLOPs, recompute FLOPs) per device per step. A layer's forward is
     the sum of its ops (`op_flops`), the head's 2 per vocabulary weight per token; the backward
-    pass is twice the forward. A MoE layer's MLP is `moe_op_flops`' (capacity padding executed,
-    not the model's). The backward pass runs again the op of every tensor the remat
-    placement recomputes (under "full" the whole layer), and, with chunked logits, the head of
-    each chunk (the chunk's logits are recomputed, not saved)."""
+    pass is twice the forward. A MoE layer's MLP is `moe_op_flops`' (the rows its experts
+    execute, not the model's), its experts' weight gradients over the rows `expert_rows` gives
+    them (`grouped_kernel`: the platform runs ragged_dot as a grouped kernel). The backward
+    pass runs again the op of every tensor the remat placement recomputes (under "full" the
+    whole layer), and, with chunked logits, the head of each chunk (the chunk's logits are
+    recomputed, not saved)."""
     sh = Shapes.of(model, train, r)
     m = r.size("model")
     ops = op_flops(model)
@@ -257,14 +263,17 @@ def step_flops(model: ModelSpec, train: TrainSpec, r: Roles) -> tuple[float, flo
     again = sum(ops[t] for t, p in train.placements.items() if p == "recompute")
     if model.num_experts:  # its dense layers as above, its MoE layers with their own MLP
         dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
-        mixed = ops | moe_op_flops(model, train, r)
+        mixed = ops | moe_op_flops(model, train, r, grouped_kernel=grouped_kernel)
         useful = ops | moe_op_flops(model, train, r, executed=False)
         forward = sh.tokens * (dense * layer + moe * sum(mixed.values()) + head) / m
+        rows, gradient_rows = expert_rows(model, train, r, grouped_kernel=grouped_kernel)
+        experts = 2.0 * model.mlp_params(model.moe_d_ff)  # per row, forward
+        wider = sh.tokens * moe * experts * (gradient_rows - rows) / m  # the weight gradient's
         model_fwd = sh.tokens * (dense * layer + moe * sum(useful.values()) + head) / m
         moe_again = sum(mixed[t] for t, p in train.placements.items() if p == "recompute")
         again_all = dense * again + moe * moe_again
         recompute = sh.tokens * (again_all + head * (train.logits_chunks > 1)) / m
-        return 3 * forward + recompute, 3 * model_fwd, recompute
+        return 3 * forward + wider + recompute, 3 * model_fwd, recompute
     forward = sh.tokens * (model.num_layers * layer + head) / m
     recompute = sh.tokens * (model.num_layers * again + head * (train.logits_chunks > 1)) / m
     return 3 * forward + recompute, 3 * forward, recompute

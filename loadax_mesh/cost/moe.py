@@ -12,8 +12,8 @@ experts' width). What the block holds and moves:
 - Capacity: `E` slots of `cap = ceil(t * k / E * capacity_factor)` rows, the padding computed
   as work; over an expert axis the slots exchanged both ways, each local expert then holding
   `P * cap` rows.
-The experts' weights: with an expert axis each device gathers its E / P experts' d_model over
-fsdp; without one every expert's weights are gathered over fsdp (their expert dim's shard).
+The experts' weights, sharded over fsdp by their d_model: each device gathers its E / P experts
+over fsdp with an expert axis, all E without one.
 """
 
 from __future__ import annotations
@@ -143,17 +143,42 @@ def moe_layer_weights(model: ModelSpec, roles: Roles) -> tuple[int, int]:
     return dense, experts
 
 
+def expert_rows(
+    model: ModelSpec, train: TrainSpec, roles: Roles, *, grouped_kernel: bool
+) -> tuple[float, float]:
+    """Rows per routed token that the experts' matmuls execute: (the forward's and the input
+    gradient's, the weight gradient's). Capacity slots are batched matmuls, padding included.
+    Dropless, `jax.lax.ragged_dot` runs as the compiler lowers it (jax 0.10): a grouped kernel
+    over its groups' rows where the platform has one for rows grouped by expert (libtpu's
+    Mosaic kernel: the copies, the padding of the worst-case buffer in no group), else a dense
+    dot over every local expert and every row of the buffer, rows outside the expert's group
+    masked to zero; the weight gradient (grouped by contracted rows) has no kernel anywhere and
+    runs that dense dot (libtpu: a masked convolution [E / P, rows] per expert weight,
+    benchmarks/RESULTS.md 2026-11-26, MoE referees at model scale)."""
+    ms = MoeShapes.of(model, train, roles)
+    if train.moe == "capacity":
+        return ms.rows / ms.tokens, ms.rows / ms.tokens
+    dense = ms.groups * ms.rows / ms.tokens
+    return (ms.copies / ms.tokens if grouped_kernel else dense), dense
+
+
 def moe_op_flops(
-    model: ModelSpec, train: TrainSpec, roles: Roles, *, executed: bool = True
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    *,
+    executed: bool = True,
+    grouped_kernel: bool = True,
 ) -> dict[str, float]:
     """FLOPs per token of a MoE layer's MLP ops (2 per weight and row): the router with the
     experts' input projections (gate and up), and their down projection, over the rows the
-    experts compute per token (`executed`: capacity slots, padding included; else the model's
-    k copies), plus the shared experts'."""
+    experts compute per token in the forward pass (`executed`: `expert_rows`' first; else the
+    model's k copies), plus the shared experts'."""
     ms = MoeShapes.of(model, train, roles)
     d, f = model.d_model, model.moe_d_ff
-    executes_slots = executed and train.moe == "capacity"
-    per_token = ms.rows / ms.tokens if executes_slots else ms.copies / ms.tokens
+    per_token = ms.copies / ms.tokens
+    if executed:
+        per_token = expert_rows(model, train, roles, grouped_kernel=grouped_kernel)[0]
     shared = model.num_shared_experts * f
     return {
         "mlp_in": 2.0 * d * model.num_experts + 2.0 * 2 * d * (per_token * f + shared),

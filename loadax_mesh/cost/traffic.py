@@ -211,8 +211,8 @@ def moe_collectives(model: ModelSpec, train: TrainSpec, roles: Roles, a: str) ->
     a dense model's (gathered forward and backward, gradients reduce-scattered, per
     micro-batch) for its dense layers and for a MoE layer's attention, router and shared
     experts (gathered over fsdp and the expert axis together); its routed experts gathered over
-    fsdp alone (moe.py's `gathers`: their d_model with an expert axis, their expert dim
-    without), none where fsdp has size 1."""
+    fsdp alone (moe.py's `gathers`: their d_model, the E / P experts of an expert axis of size P
+    or all E without one), none where fsdp has size 1."""
     cd, M = dtype_bytes(train.compute_dtype), train.microbatches
     moe = model.num_moe_layers
     dense = model.num_layers - moe

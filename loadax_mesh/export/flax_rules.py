@@ -5,9 +5,9 @@ own mesh axes, to use with the plan's own `Mesh`, so the ring order is kept.
 `batch` -> the batch axes; `length` -> the sequence axis; `embed` (the d_model dim of weights)
 -> the fsdp axis and the expert axis (which acts as fsdp outside the experts, as in MaxText);
 `heads`, `kv_heads`, `mlp`, `vocab` -> the tensor-parallel axis; `kv` (the per-head dim) is
-never sharded; `exp` (the expert dim of MoE weights) -> the expert axis, or the fsdp axis
-without one; `embed_no_exp` (the d_model dim of expert weights, MaxText's name) -> the fsdp
-axis when `exp` takes the expert axis. A role the plan lacks (or of size 1) maps to None.
+never sharded; `exp` (the expert dim of MoE weights) -> the expert axis; `embed_no_exp` (the
+d_model dim of expert weights, MaxText's name) -> the fsdp axis, as MaxText's rules have them.
+A role the plan lacks (or of size 1) maps to None.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def to_flax_rules(plan: PlanView) -> tuple[Rule, ...]:
         "batch": batch[0] if len(batch) == 1 else (batch or None),
         "length": r.seq if r.seq is not None and shape[r.seq] > 1 else None,
         "embed": embed[0] if len(embed) == 1 else (embed or None),
-        "exp": expert or fsdp,
-        "embed_no_exp": fsdp if expert else None,
+        "exp": expert,
+        "embed_no_exp": fsdp,
         "heads": model,
         "kv_heads": model,
         "kv": None,

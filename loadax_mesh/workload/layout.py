@@ -3,9 +3,10 @@ rules that map logical axes to the plan's mesh axes. Pure Python: the cost model
 
 Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis (and the expert axis, which
 acts as FSDP outside the experts, as in MaxText); `heads`, `kv_heads`, `mlp` and `vocab` -> the
-tensor-parallel axis; `exp` (the expert dim of MoE weights) -> the expert axis, or the FSDP axis
-without one; `embed_no_exp` (the d_model dim of expert weights) -> the FSDP axis when `exp` is
-on the expert axis, else unsharded. Activations: `batch` -> the batch axes, `seq` -> the
+tensor-parallel axis; `exp` (the expert dim of MoE weights) -> the expert axis; `embed_no_exp`
+(the d_model dim of expert weights) -> the FSDP axis, as MaxText's rules shard them (without an
+expert axis the experts sit on fsdp by their d_model, which divides where the expert count need
+not: Mixtral's 8 experts over fsdp 64). Activations: `batch` -> the batch axes, `seq` -> the
 sequence axis, `hidden` (the d_model dim of the residual stream between the layer's blocks) ->
 the tensor-parallel axis, as MaxText's `activation_embed` shards it: what a layer saves of it
 is cut by the tensor degree too. Axes are recognised by name (ROLE_NAMES); batch axes are the
@@ -63,8 +64,8 @@ class Roles:
         embed = tuple(a for a in (self.fsdp, self.expert) if a is not None)
         table: dict[str, str | tuple[str, ...] | None] = {
             "embed": embed[0] if len(embed) == 1 else (embed or None),
-            "exp": self.expert or self.fsdp,
-            "embed_no_exp": self.fsdp if self.expert else None,
+            "exp": self.expert,
+            "embed_no_exp": self.fsdp,
             "heads": self.model,
             "kv_heads": self.model,
             "mlp": self.model,
@@ -267,12 +268,9 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
             f"expert axes together ({r.shards(('embed',))} shards); accepted: axes whose sizes' "
             "product divides d_model"
         )
-    if model.num_experts and model.num_experts % r.shards(("exp",)):
-        axis = "expert" if r.expert is not None else "fsdp"
+    if model.num_experts and model.num_experts % r.size("expert"):
         raise MeshConfigError(
             f"model {model.name!r}: num_experts={model.num_experts} does not divide over the "
-            f"{axis} axis {getattr(r, axis)!r} of size {r.size(axis)} (the experts are sharded "
-            f"over {'it' if axis == 'expert' else 'fsdp without an expert axis'}); accepted: an "
-            f"{axis} axis whose size divides num_experts"
-            + ("" if axis == "expert" else ", or an expert axis that does")
+            f"expert axis {r.expert!r} of size {r.size('expert')}; accepted: an expert axis "
+            "whose size divides num_experts (or none: the experts then sit on fsdp by d_model)"
         )

@@ -21,10 +21,12 @@ balanced load. Token copies are sorted by expert; then:
   The buffers are [E, capacity, d_model], batched matmuls over experts, all-to-all over the
   expert axis in both directions (the einsum path of MaxText's dropping runs).
 
-Without an expert axis the experts' weights come into the block whole: the all-gather over
-`fsdp` that shards their expert dim (MaxText's newer MoE recipes). The tensor axis splits the
-experts' width; their output is reduce-scattered over it into the residual stream's layout.
-Shared experts are a dense SwiGLU MLP beside the routed ones.
+The experts' weights are sharded over fsdp by their d_model (MaxText's `embed_no_exp`), with or
+without an expert axis (which holds E / P experts a device): the block gathers them over fsdp.
+Without an expert axis every device thus holds all E experts gathered (MaxText's newer MoE
+recipes, experts on fsdp); the d_model divides fsdp where the expert count may not. The tensor
+axis splits the experts' width; their output is reduce-scattered over it into the residual
+stream's layout. Shared experts are a dense SwiGLU MLP beside the routed ones.
 """
 
 from __future__ import annotations
@@ -91,12 +93,11 @@ def moe_mlp(
     batch = roles.mesh_axes(("batch",))[0]
     tokens = P(batch, roles.seq, None)
     # The weights come in as they are stored, and are gathered inside (their gradients leave
-    # reduce-scattered): the router's d_model, and the experts' d_model over fsdp (with an
-    # expert axis) or their expert dim over fsdp (without one).
+    # reduce-scattered): the router's d_model, and the experts' d_model over fsdp.
     router = roles.mesh_axes(("embed", None))
     w_in = roles.mesh_axes(("exp", "embed_no_exp", "mlp"))
     w_out = roles.mesh_axes(("exp", "mlp", "embed_no_exp"))
-    gathers = (router[0], None if w_in[0] == roles.expert else w_in[0], w_in[1])
+    gathers = (router[0], w_in[1])
     local = partial(
         _local,
         model=model,
@@ -129,17 +130,16 @@ def _local(
     train: TrainSpec,
     ep: int,
     axes: tuple[str | None, str | None, tuple[str, ...], str | None],
-    gathers: tuple[Any, Any, Any],
+    gathers: tuple[Any, Any],
 ) -> jax.Array:
     """One device's share of the block: its tokens [b, s, d] routed, dispatched, computed by
     the experts and combined; partial over the tensor axis until reduce-scattered. `gathers`:
-    the mesh axes over which the router's d_model, and the experts' expert dim and d_model,
-    are gathered."""
+    the mesh axes over which the router's d_model and the experts' d_model are gathered."""
     exp, mlp, batch_axes, seq = axes
-    by_router, by_expert, by_d = gathers
+    by_router, by_d = gathers
     router = _gather(router, by_router, 0)
-    w_gate, w_up = (_gather(_gather(w, by_expert, 0), by_d, 1) for w in (w_gate, w_up))
-    w_down = _gather(_gather(w_down, by_expert, 0), by_d, 2)
+    w_gate, w_up = (_gather(w, by_d, 1) for w in (w_gate, w_up))
+    w_down = _gather(w_down, by_d, 2)
     b, s, d = x.shape
     k, n = model.experts_per_token, model.num_experts
     flat_x = x.reshape(b * s, d)

@@ -37,7 +37,7 @@ def test_expert_parameters_counted_by_hand():
     norms = 2 * L * D + D
     assert e.terms["params"] == 4 * (experts + others + norms)
     assert e.terms["optimizer"] == 2 * e.terms["params"]
-    # Without an expert axis the experts' dim shards over fsdp=8: the same bytes per device,
+    # Without an expert axis the experts' d_model shards over fsdp=8: the same bytes a device,
     # but each layer gathers every expert whole (below).
     dense_only = estimate(plan("fsdp"), SMALL_MOE, TrainSpec(global_batch=8))
     assert dense_only.terms["params"] == e.terms["params"]
@@ -75,14 +75,23 @@ def test_expert_weights_gathered_over_fsdp():
     assert "expert" not in without.axes
 
 
-def test_capacity_padding_is_executed_work():
+def test_capacity_padding_and_the_dense_weight_gradient_are_executed_work():
     def flops(**train):
         return estimate(plan(), SMALL_MOE, TrainSpec(global_batch=8, remat="none", **train))
 
     dropless = flops()
     even = flops(moe="capacity", capacity_factor=1.0)  # 128 x 2 / 8 = 32 slots: no padding
     padded = flops(moe="capacity", capacity_factor=2.0)
-    assert even.flops == dropless.flops
+    # Dropless, the experts' weight gradients run dense over both local experts and every row
+    # of the received buffer (4 peers x 128 tokens x min(2, 8 / 4)): 2 x 1024 rows, not 256
+    # copies; the forward and input gradient run the grouped kernel over the copies.
+    wider = 3 * 2 * D * F * (2 * 4 * 128 * 2 - S * K) * L
+    assert dropless.flops - even.flops == pytest.approx(wider)
+    # XLA:GPU has no grouped kernel: the forward and the input gradient run dense as well.
+    gpu = MeshConfig.from_preset("fsdp_ep", expert=4).plan(simulate_devices("gpu-p5.48xlarge-8"))
+    assert gpu.shape == {"data": 1, "fsdp": 2, "expert": 4}
+    on_gpu = estimate(gpu, SMALL_MOE, TrainSpec(global_batch=8, remat="none"))
+    assert on_gpu.flops - dropless.flops == pytest.approx(2 * wider)
     expert = 3 * 3 * 2 * S * K * D * F * L  # 3 matrices, 2 FLOPs, forward + 2 backward
     assert padded.flops - even.flops == pytest.approx(expert)
     assert padded.model_flops == even.model_flops  # the model's work is the k copies

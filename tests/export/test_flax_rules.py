@@ -25,8 +25,8 @@ def test_rules_follow_the_roles_of_the_plan_axes() -> None:
         "kv": None,
         "mlp": "model",
         "vocab": "model",
-        "exp": "fsdp",
-        "embed_no_exp": None,
+        "exp": None,
+        "embed_no_exp": "fsdp",
     }
     sp = MeshConfig.from_preset("dp_sp").plan(simulate_devices("tpu-v5litepod-8"))
     rules = dict(sp.to_flax_rules())
@@ -118,7 +118,7 @@ def test_a_linen_model_sharded_by_the_rules_trains_to_the_single_device_losses()
     np.testing.assert_allclose(sharded, single, rtol=2e-5)
 
 
-def test_the_expert_dim_goes_to_the_expert_axis_or_to_fsdp() -> None:
+def test_the_expert_dim_goes_to_the_expert_axis_and_their_d_model_to_fsdp() -> None:
     ep = dict(
         MeshConfig.from_preset("fsdp_ep").plan(simulate_devices("tpu-v5p-128")).to_flax_rules()
     )
@@ -127,4 +127,4 @@ def test_the_expert_dim_goes_to_the_expert_axis_or_to_fsdp() -> None:
     fsdp = dict(
         MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5p-128")).to_flax_rules()
     )
-    assert fsdp["exp"] == "fsdp" and fsdp["embed_no_exp"] is None and fsdp["embed"] == "fsdp"
+    assert fsdp["exp"] is None and fsdp["embed_no_exp"] == "fsdp" and fsdp["embed"] == "fsdp"
