@@ -112,7 +112,9 @@ def maxtext_memory(out: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line[1])}
 
 
-def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any]:
+def run_case(
+    case: tuple[Any, ...], maxtext: Path, python: str, keep: str | None = None
+) -> dict[str, Any]:
     hw = case[0]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     ours_out = _run([sys.executable, "-c", OURS, json.dumps(case)], None, env)
@@ -131,10 +133,13 @@ def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any
         "dump_hlo=false",
     ]
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as dump:
+    with tempfile.TemporaryDirectory(dir=keep) as dump:
         flags = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
         out = _run(cmd, str(maxtext), {**env, "XLA_FLAGS": flags})
         assigned = assigned_bytes(Path(dump), "train_step")
+        if keep is not None:  # its buffer-by-buffer reports, to read beside ours
+            os.rename(dump, Path(keep) / f"maxtext-{name}-{case[1]}-{int(start)}")
+            os.mkdir(dump)
     stats = maxtext_memory(out)
     theirs = (
         stats["argument_size_in_bytes"]
@@ -192,6 +197,7 @@ def main() -> None:
     parser.add_argument("--python", required=True, help="the python of MaxText's venv")
     parser.add_argument("--only", default="")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--keep", help="a folder to keep MaxText's XLA dumps in")
     args = parser.parse_args()
     maxtext = Path(args.maxtext)
     if not (maxtext / "src/maxtext/configs/base.yml").exists():
@@ -200,7 +206,7 @@ def main() -> None:
     for case in CASES:
         if args.only not in f"{case[0]} {case[1]} {case[2]} {case[4]}":
             continue
-        r = run_case(case, maxtext, args.python)
+        r = run_case(case, maxtext, args.python, args.keep)
         rows.append(row(r))
         print(" | ".join(rows[-1]), flush=True)
         for line in [*r["ours"]["order"], " ".join(r["ours"]["args"])]:
