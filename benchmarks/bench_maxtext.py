@@ -36,7 +36,10 @@ from typing import Any
 from loadax_mesh.compiler.report import assigned_bytes
 
 # (hardware, preset, model, global batch, recipe as TrainSpec keywords)
-# "auto": choose_mesh's winner with the recipe it chose (the recipe given is then empty)
+# "auto": choose_mesh's winner with the recipe it chose (the recipe given is then empty); the
+# model a catalogue name, with integer field overrides after a colon (fewer layers compile
+# here in minutes; the export resizes MaxText's own config of the model to match)
+MIXTRAL_4L = "mixtral-8x7b:num_layers=4,seq_len=8192"  # full width, 4 of 32 layers
 CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
     ("tpu-v5p-512", "fsdp", "llama3-8b", 256, {}),  # docs/exports.md's MaxText export
     ("tpu-v5p-1024", "auto", "llama3-70b", 512, {}),  # docs/exports.md, --strategy auto
@@ -44,17 +47,22 @@ CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
     ("tpu-v5p-128", "fsdp_tp", "llama3-8b", 64, {}),  # tensor parallel 4
     ("tpu-v5p-128", "fsdp", "llama3-8b", 64, {"remat": "offload"}),  # layer inputs on host
     ("tpu-v5p-128", "fsdp", "llama3-8b", 128, {"microbatches": 2, "logits_chunks": 4}),
+    ("tpu-v5p-128", "fsdp_ep", MIXTRAL_4L, 64, {}),  # fsdp 16 x expert 4, dropless
+    ("tpu-v5p-16", "fsdp", MIXTRAL_4L, 8, {}),  # experts on fsdp 8 (shard_exp_on_fsdp)
 ]
 TARGET = 0.25
 LOCKED = ("TPU in use", "lockfile", "libtpu_lockfile", "Resource busy")
 
 OURS = """
-import json, os, sys
+import dataclasses, json, os, sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from loadax_mesh import MeshConfig, choose_mesh, topology_devices, compile_step
 from loadax_mesh.workload import ModelSpec, TrainSpec
 hw, preset, model, batch, recipe = json.loads(sys.argv[1])
-spec, train = ModelSpec.from_name(model), TrainSpec(global_batch=batch, **recipe)
+name, _, overrides = model.partition(":")
+fields = {k: int(v) for k, v in (item.split("=") for item in overrides.split(",") if item)}
+spec = dataclasses.replace(ModelSpec.from_name(name), **fields)
+train = TrainSpec(global_batch=batch, **recipe)
 if preset == "auto":
     best = choose_mesh(hw, spec, train)[0]
     plan = best.config.plan(topology_devices(hw), selector=hw)
@@ -104,7 +112,9 @@ def maxtext_memory(out: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line[1])}
 
 
-def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any]:
+def run_case(
+    case: tuple[Any, ...], maxtext: Path, python: str, keep: str | None = None
+) -> dict[str, Any]:
     hw = case[0]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     ours_out = _run([sys.executable, "-c", OURS, json.dumps(case)], None, env)
@@ -123,10 +133,13 @@ def run_case(case: tuple[Any, ...], maxtext: Path, python: str) -> dict[str, Any
         "dump_hlo=false",
     ]
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as dump:
+    with tempfile.TemporaryDirectory(dir=keep) as dump:
         flags = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
         out = _run(cmd, str(maxtext), {**env, "XLA_FLAGS": flags})
         assigned = assigned_bytes(Path(dump), "train_step")
+        if keep is not None:  # its buffer-by-buffer reports, to read beside ours
+            os.rename(dump, Path(keep) / f"maxtext-{name}-{case[1]}-{int(start)}")
+            os.mkdir(dump)
     stats = maxtext_memory(out)
     theirs = (
         stats["argument_size_in_bytes"]
@@ -184,15 +197,16 @@ def main() -> None:
     parser.add_argument("--python", required=True, help="the python of MaxText's venv")
     parser.add_argument("--only", default="")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--keep", help="a folder to keep MaxText's XLA dumps in")
     args = parser.parse_args()
     maxtext = Path(args.maxtext)
     if not (maxtext / "src/maxtext/configs/base.yml").exists():
         raise SystemExit(f"--maxtext {maxtext}: no src/maxtext/configs/base.yml there")
     rows = [HEAD]
     for case in CASES:
-        if args.only not in f"{case[0]} {case[1]} {case[4]}":
+        if args.only not in f"{case[0]} {case[1]} {case[2]} {case[4]}":
             continue
-        r = run_case(case, maxtext, args.python)
+        r = run_case(case, maxtext, args.python, args.keep)
         rows.append(row(r))
         print(" | ".join(rows[-1]), flush=True)
         for line in [*r["ours"]["order"], " ".join(r["ours"]["args"])]:

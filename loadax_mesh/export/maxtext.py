@@ -16,18 +16,19 @@ its TPU kernel), `sparse_matmul=false` with `capacity_factor` > 0 the dropping o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
 from ..hardware.profile import attention_kernel, platform_traits
 from ..workload.layout import check_modelled
+from ..workload.model import ModelSpec
 from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
 
 if TYPE_CHECKING:
     from ..view.picture import PlanView
-    from ..workload.spec import ModelSpec, TrainSpec
+    from ..workload.spec import TrainSpec
 
 # MaxText's default mesh_axes (base.yml), in its order; the plan's roles map onto four of them.
 MESH_AXES = (
@@ -75,6 +76,20 @@ MOE_MODELS = {
     "qwen3-235b-a22b": "qwen3-235b-a22b",
     "llama4-scout-17b-16e": "llama4-17b-16e",
     "llama4-maverick-17b-128e": "llama4-17b-128e",
+}
+# A shipped model resized (fewer layers to compile quickly, another width): our field -> the
+# MaxText key that overrides its config (with override_model_config=true).
+RESIZE_KEYS = {
+    "num_layers": "base_num_decoder_layers",
+    "d_model": "base_emb_dim",
+    "d_ff": "base_mlp_dim",
+    "moe_d_ff": "base_moe_mlp_dim",
+    "num_heads": "base_num_query_heads",
+    "num_kv_heads": "base_num_kv_heads",
+    "head_dim": "head_dim",
+    "vocab_size": "vocab_size",
+    "num_experts": "num_experts",
+    "experts_per_token": "num_experts_per_tok",
 }
 
 
@@ -157,7 +172,9 @@ def _remat(train: TrainSpec, model: ModelSpec | None) -> dict[str, str]:
 
 def _moe(train: TrainSpec, platform: str) -> dict[str, str]:
     """The MoE keys of `train`: dropless as sparse grouped matmuls (megablox on TPU), capacity
-    as the dropping path; balanced routing as MaxText's forced (random) routing."""
+    as the dropping path; balanced routing as MaxText's forced (random) routing. The step
+    shards the experts' d_model over fsdp (layout.py), MaxText's default layout, so
+    `shard_exp_on_fsdp` stays off."""
     dropless = train.moe == "dropless"
     keys = {
         "sparse_matmul": str(dropless).lower(),
@@ -169,12 +186,34 @@ def _moe(train: TrainSpec, platform: str) -> dict[str, str]:
     return keys
 
 
+def _resized(model: ModelSpec) -> dict[str, str]:
+    """The keys that resize MaxText's config of a shipped model to `model` (none when equal)."""
+    shipped = ModelSpec.from_name(model.name)
+    changed = [
+        f.name
+        for f in fields(model)
+        if f.name not in ("seq_len", "source")
+        and getattr(model, f.name) != getattr(shipped, f.name)
+    ]
+    if not changed:
+        return {}
+    if other := [f for f in changed if f not in RESIZE_KEYS]:
+        raise MeshConfigError(
+            f"model {model.name!r}: {', '.join(f'{f}={getattr(model, f)!r}' for f in other)} "
+            f"differ from the shipped model and have no MaxText key in the export; accepted: "
+            f"changes to {', '.join(RESIZE_KEYS)}"
+        )
+    return {"override_model_config": "true"} | {
+        RESIZE_KEYS[f]: str(getattr(model, f)) for f in changed
+    }
+
+
 def _model(model: ModelSpec) -> dict[str, str]:
-    # its keys below spell a dense model, or MaxText's own config of a MoE model
+    # its keys below spell a dense model, or MaxText's own config of a MoE model (resized)
     check_modelled(model, by="the MaxText export", experts=True)
     keys = {"max_target_length": str(model.seq_len)}
     if model.name in MODELS:
-        return {"model_name": model.name, **keys}
+        return {"model_name": model.name, **_resized(model), **keys}
     if model.num_experts:
         if model.name not in MOE_MODELS:
             raise MeshConfigError(
@@ -182,7 +221,7 @@ def _model(model: ModelSpec) -> dict[str, str]:
                 "not ship is not modelled yet by the MaxText export; accepted: dense models, or "
                 f"the MoE models {', '.join(MOE_MODELS)}"
             )
-        return {"model_name": MOE_MODELS[model.name], **keys}
+        return {"model_name": MOE_MODELS[model.name], **_resized(model), **keys}
     return {
         "base_num_decoder_layers": str(model.num_layers),
         "base_emb_dim": str(model.d_model),

@@ -148,8 +148,9 @@ def test_an_expert_axis_and_a_moe_model_become_maxtexts_expert_keys() -> None:
     config = plan.to_maxtext(TrainSpec(global_batch=64), model=mixtral, order=False)
     keys = config.keys
     assert (keys["ici_fsdp_parallelism"], keys["ici_expert_parallelism"]) == ("16", "4")
-    assert keys["dcn_expert_parallelism"] == "1"
+    assert keys["dcn_expert_parallelism"] == "1" and "shard_exp_on_fsdp" not in keys
     assert keys["model_name"] == "mixtral-8x7b" and keys["per_device_batch_size"] == "1"
+    assert "override_model_config" not in keys  # the shipped model, as shipped
     assert (keys["sparse_matmul"], keys["megablox"], keys["capacity_factor"]) == (
         "true",
         "true",
@@ -163,15 +164,33 @@ def test_an_expert_axis_and_a_moe_model_become_maxtexts_expert_keys() -> None:
         "1.5",
     )
     assert keys["use_random_routing"] == "true"
-    # no expert axis: the experts shard over fsdp, and MaxText gets the same model and keys
-    keys = _plan("fsdp", "tpu-v5p-128").to_maxtext(dropping, model=mixtral, order=False).keys
+    # no expert axis: the experts' d_model shards over fsdp, MaxText's default layout
+    keys = _plan("fsdp", "tpu-v5p-16").to_maxtext(dropping, model=mixtral, order=False).keys
     assert keys["ici_expert_parallelism"] == "1" and keys["capacity_factor"] == "1.5"
+    assert keys["ici_fsdp_parallelism"] == "8" and "shard_exp_on_fsdp" not in keys
     scout = ModelSpec.from_name("llama4-scout-17b-16e")
     keys = plan.to_maxtext(TrainSpec(global_batch=64), model=scout, order=False).keys
     assert keys["model_name"] == "llama4-17b-16e"
     # a dense model on a plan without an expert axis gets no MoE keys
     keys = _plan("fsdp", "tpu-v5p-128").to_maxtext(TrainSpec(global_batch=64), order=False).keys
     assert "sparse_matmul" not in keys and "ici_expert_parallelism" not in keys
+
+
+def test_a_shipped_model_resized_overrides_maxtexts_config_of_it() -> None:
+    from dataclasses import replace
+
+    plan = _plan("fsdp_ep", "tpu-v5p-128")
+    short = replace(ModelSpec.from_name("mixtral-8x7b"), num_layers=4, seq_len=8192)
+    keys = plan.to_maxtext(TrainSpec(global_batch=64), model=short, order=False).keys
+    assert keys["model_name"] == "mixtral-8x7b" and keys["override_model_config"] == "true"
+    assert keys["base_num_decoder_layers"] == "4" and keys["max_target_length"] == "8192"
+    assert "base_emb_dim" not in keys  # only what differs from the shipped config
+    narrow = replace(ModelSpec.from_name("llama3-405b"), num_layers=2, d_ff=1024)
+    keys = _plan("fsdp", "tpu-v5p-128").to_maxtext(TrainSpec(global_batch=64), model=narrow).keys
+    assert (keys["base_num_decoder_layers"], keys["base_mlp_dim"]) == ("2", "1024")
+    tied = replace(ModelSpec.from_name("llama3-8b"), tied_embeddings=True)
+    with pytest.raises(MeshConfigError, match=r"tied_embeddings=True differ from the shipped"):
+        plan.to_maxtext(TrainSpec(global_batch=64), model=tied, order=False)
 
 
 def test_moe_models_maxtext_does_not_ship_are_refused() -> None:
