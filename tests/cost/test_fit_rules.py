@@ -6,6 +6,7 @@ from __future__ import annotations
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.hardware.gpu_targets import device_hbm
+from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.hardware.strings import parse_hardware
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
@@ -42,3 +43,9 @@ def test_a_v4_device_holds_both_cores_memory():
     assert device_hbm(parse_hardware("tpu-v4-128").type) == 2 * 15.25 * GiB
     assert device_hbm(parse_hardware("tpu-v5p-128").type) == 95.74 * GiB  # megacore, measured
     assert device_hbm(parse_hardware("tpu-7x-128").type) == 94.75 * GiB  # a TensorCore a device
+    # A plan over libtpu's compile-only v4 devices (128 TensorCores for v4-128's 64 chips):
+    # each has half of its chip's memory and peak.
+    v4 = hardware_profile("tpu-v4-128")
+    assert v4.facts_for(64) == v4.facts()
+    core = v4.facts_for(128)
+    assert core.hbm_bytes == 15.25 * GiB and core.peak_flops == v4.facts().peak_flops / 2
