@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 
 
-def counted_per_sublayer(train: TrainSpec, roles: Roles, one_sublayer_at_a_time: bool) -> bool:
+def counted_per_sublayer(train: TrainSpec, one_sublayer_at_a_time: bool) -> bool:
     """Whether a layer's backward pass is counted one sublayer at a time: where the compiler
     holds one sublayer's buffers at a time (`PlatformTraits.one_sublayer_at_a_time`) and the
     pass rebuilds each sublayer (nothing but the layer's input kept on the device: full remat,
