@@ -99,6 +99,9 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v5litepod-256", "fsdp", "maxtext-2023-16b:num_layers=4", 1536, "full"),
     ("tpu-v5litepod-256-2", "fsdp", "maxtext-2023-16b:num_layers=4", 3072, "full"),
     ("tpu-v5p-128", "mesh:fsdp=16,model=4", "maxtext-2023-32b:num_layers=2", 512, "dots"),
+    # full remat over a tensor axis, at full size (every layer; about 4 minutes here): 128B on
+    # v5e-256 as its table ran it (fsdp 16 x tensor 16, pdbs 1)
+    ("tpu-v5litepod-256", "mesh:fsdp=16,model=16", "maxtext-2023-128b", 256, "full"),
     # Mixtral's MoE layers shrunk to compile in minutes (2 layers, d_model 1024, 8 experts of
     # width 2048, 2 a token): experts over an expert axis (all-to-all) and over fsdp alone
     ("tpu-v5p-16", "fsdp_ep", MOE_SMALL, 16, "full"),

@@ -164,6 +164,8 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     platform = mesh.devices.flat[0].platform
     profile = catalogue_profile(plan.hardware)
     hbm = device_hbm(profile.spec.type) if profile is not None else None
+    if hbm is not None and profile is not None:  # compile-only v4 TensorCores: half a chip's
+        hbm *= min(1.0, profile.spec.num_devices / mesh.devices.size)
     host = host_memory_per_device(profile.spec.type) if profile is not None else None
     traits = platform_traits(platform)  # what the devices are, named in the catalogue or not
     judges_fit = traits.compiler_judges_fit

@@ -10,6 +10,7 @@ exposed, host-offload copies hidden behind their own pass.
 
 from __future__ import annotations
 
+import math
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
@@ -118,7 +119,7 @@ def plan_parts(
             "plan.hardware=None: the estimate needs the catalogue's facts; accepted: a plan over "
             "simulate_devices(...) or with selector= naming catalogue hardware"
         )
-    facts = plan.profile.facts()
+    facts = plan.profile.facts_for(math.prod(plan.shape.values()))
     r = roles(tuple(plan.shape.items()), plan.batch_axis_names)
     factors = {
         a: (i, d)

@@ -263,7 +263,7 @@ def memory_terms(
     terms = dict(_fixed_terms(model, *dtypes, roles, tile, held, batch_across_granules))
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
-    per_sublayer = counted_per_sublayer(train, roles, device.traits.one_sublayer_at_a_time)
+    per_sublayer = counted_per_sublayer(train, device.traits.one_sublayer_at_a_time)
     logits = 2 * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
     if model.num_experts:
         activations, layer = _moe_layers(model, train, sh, roles, tile, kernel)

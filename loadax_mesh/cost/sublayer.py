@@ -5,19 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 
 
-def counted_per_sublayer(train: TrainSpec, roles: Roles, one_sublayer_at_a_time: bool) -> bool:
+def counted_per_sublayer(train: TrainSpec, one_sublayer_at_a_time: bool) -> bool:
     """Whether a layer's backward pass is counted one sublayer at a time: where the compiler
     holds one sublayer's buffers at a time (`PlatformTraits.one_sublayer_at_a_time`) and the
     pass rebuilds each sublayer (nothing but the layer's input kept on the device: full remat,
-    or a recipe that offloads some of the rest). Not over a tensor axis, whose gathered and
-    partial activations are not counted yet (LLaMA-3 70B v5p-1024 fsdp 128 x tensor 4 would be
-    0.84 of libtpu's assignment)."""
+    or a recipe that offloads some of the rest)."""
     kept = any(p == "device" for t, p in train.placements.items() if t != "layer_input")
-    return one_sublayer_at_a_time and roles.size("model") == 1 and not kept
+    return one_sublayer_at_a_time and not kept
 
 
 def recomputed_working(
@@ -33,7 +30,10 @@ def recomputed_working(
     It differentiates one sublayer at a time, holding that sublayer's gathered weights and
     their gradient and the other sublayer's weights gathered ahead; the attention's residuals
     (rotated q, keys and values, its output and log-sum-exp), which its backward reads; two
-    d_model-wide arrays (the layer's input, the gradient flowing back). In the MLP's backward,
+    d_model-wide arrays (the layer's input, the gradient flowing back); over a tensor axis,
+    whose sublayers see them cut, also the sublayer's normalised input gathered whole, which
+    its weights' gradient reads (MaxText-2023 128B on v5e-256, fsdp 16 x tensor 16: one
+    bf16[16,2048,10240] all-gather live at the backward pass's peak). In the MLP's backward,
     the gradient of each input projection, and the projections' outputs the activation's
     derivative reads (SwiGLU: gate and up; GELU: up; ReLU: none, its sign rides the fused
     gradient); in the attention's, the residuals' gradients. The larger of the two, as libtpu's
@@ -54,5 +54,7 @@ def recomputed_working(
     read = {"swiglu": projections, "gelu": ("up",), "relu": ()}[model.mlp]
     own = size(projections) + size(read)
     mlp = 2 * mlp_weights + attention_weights + own + residuals + stream
+    mlp += size(("gathered mlp norm",))
     attention = 2 * attention_weights + mlp_weights + 2 * residuals + stream
+    attention += size(("gathered attention norm",))
     return max(mlp, attention)

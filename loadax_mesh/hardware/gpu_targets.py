@@ -82,6 +82,10 @@ def device_hbm(t: HardwareType) -> float | None:
         return None if total is None else gpu_pool_fraction()[0] * total
     usable = t.fact("hbm_usable")
     if usable is not None and usable.base is not None:
-        return usable.base
+        # measured on libtpu's compile-only device, which on v4 is one TensorCore where the
+        # real machine's device (megacore) holds both of its chip's
+        measured = t.fact("hbm_usable_cores")
+        cores = t.cores_per_chip // t.devices_per_chip
+        return usable.base if measured is None else usable.base * cores / measured.value
     hbm = t.fact("hbm")
     return None if hbm is None or hbm.base is None else hbm.base / t.devices_per_chip

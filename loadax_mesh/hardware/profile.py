@@ -9,7 +9,7 @@ catalogue's facts of one device (`DeviceFacts`, base units) to a parsed hardware
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Literal, cast
 
@@ -204,6 +204,21 @@ class HardwareProfile:
                 "estimate needs; accepted: hardware whose entry has it (`loadax-mesh hardware`)"
             )
         return self.device
+
+    def facts_for(self, devices: int) -> DeviceFacts:
+        """One device's facts where `devices` devices make up the hardware: libtpu's
+        compile-only v4 devices are TensorCores, twice the megacore devices the catalogue
+        counts, each with half of its chip's memory, peak and HBM bandwidth."""
+        facts, share = self.facts(), self.spec.num_devices / devices
+        if share >= 1:
+            return facts
+        bandwidth = None if facts.hbm_bandwidth is None else facts.hbm_bandwidth * share
+        return replace(
+            facts,
+            hbm_bytes=facts.hbm_bytes * share,
+            peak_flops=facts.peak_flops * share,
+            hbm_bandwidth=bandwidth,
+        )
 
 
 def hardware_profile(hardware: str) -> HardwareProfile:

@@ -187,8 +187,8 @@ def test_choose_mesh_takes_a_model_name_and_auto_names_unknown_options():
 def test_full_remat_on_tpu_holds_one_sublayer_at_a_time():
     """libtpu's live buffers at the peak: a recomputed layer's backward holds one sublayer's
     weights and gradients at a time, and of a two-matrix ReLU MLP only the gradient of its
-    input projection (the sign rides the fused gradient). GPU, and a tensor axis, keep the
-    whole-layer count (factor 2)."""
+    input projection (the sign rides the fused gradient); over a tensor axis also the
+    sublayer's input gathered whole. GPU keeps the whole-layer count (factor 2)."""
     from dataclasses import replace
 
     from loadax_mesh.cost.memory import memory_terms
@@ -210,11 +210,13 @@ def test_full_remat_on_tpu_holds_one_sublayer_at_a_time():
     assert attention > mlp and relu["layer"] == attention
     # SwiGLU: its MLP phase, with gate and up and their gradients, is the larger.
     assert swiglu["layer"] == 2 * 3 * D * F * cd + qkvo + 4 * S * F * cd + residuals + stream
-    # Over a tensor axis the whole-layer count: three gathered copies of the weights, twice
-    # every intermediate ("dots": once).
+    # Over a tensor axis (fsdp 4 x tensor 2: two rows a device): weights, heads, d_ff and the
+    # residual stream halved, and the MLP's normalised input gathered whole beside them.
     tensor = roles([("fsdp", 4), ("model", 2)], ["fsdp"])
-    dots = memory_terms(SMALL, TrainSpec(global_batch=8, remat="dots"), tensor, TPU)["layer"]
-    weights = 3 * (qkvo + 3 * D * F * cd) // 2  # a layer's weights, halved over the tensor axis
-    assert memory_terms(SMALL, train, tensor, TPU)["layer"] == 2 * dots - weights
+    T = 2 * S
+    residuals = T * (4 + 4 + 1 + 1) * 128 * cd + 4 * T * 128 * 4
+    stream, gathered = 2 * T * (D // 2) * cd, T * D * cd
+    mlp = 3 * D * F * cd + qkvo // 2 + 4 * T * (F // 2) * cd + residuals + stream + gathered
+    assert memory_terms(SMALL, train, tensor, TPU)["layer"] == mlp
     with pytest.raises(MeshConfigError, match="attention='mla' is not modelled yet"):
         choose_mesh("tpu-v5p-128", "deepseek-v3", TrainSpec(global_batch=64))
