@@ -27,6 +27,7 @@ from functools import lru_cache, partial
 from ..hardware.profile import DeviceFacts, attention_kernel
 from ..workload.layout import Roles, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from . import mla
 from .moe import MOE_NAMES, dense_layer_weights, moe_intermediates, moe_layer_weights
 from .saved import PARTS, kept
 from .sublayer import counted_per_sublayer, recomputed_working
@@ -99,7 +100,7 @@ def shard_bytes(model: ModelSpec, roles: Roles, nbytes: int, tile: tuple[int, in
 
 def layer_weights(model: ModelSpec, m: int) -> int:
     """One layer's weights on one device once gathered over FSDP (elements)."""
-    return (model.layer_params - 2 * model.d_model) // m
+    return mla.attention_weights(model, m) + model.mlp_params(model.d_ff) // m
 
 
 def _intermediates(
@@ -107,7 +108,8 @@ def _intermediates(
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """One layer's forward intermediates on one device: name -> (shape, bytes per element);
     `splash`: attention is TPU's splash kernel; `moe`: a MoE layer (its block's intermediates
-    in place of the dense MLP's, its output `down` as a dense layer's)."""
+    in place of the dense MLP's, its output `down` as a dense layer's); latent attention's
+    differ from GQA's as cost/mla.py says."""
     cd = dtype_bytes(train.compute_dtype)
     r, s, hd = sh.micro_rows, sh.seq, model.head_dim
     # The residual stream (the layer's input, its norms and its two outputs) has its hidden
@@ -151,6 +153,8 @@ def _intermediates(
         widths = (_LANES, _LANES, hd, hd, hd, hd)
         blocks = (bq, bq, bq, bq, bkv, bkv)
         found |= {n: ((r, b, w), 4) for n, b, w in zip(_SCRATCH, blocks, widths, strict=True)}
+    if model.attention == "mla":
+        found = mla.intermediates(model, found, cd)
     if moe:
         found = {n: v for n, v in found.items() if n not in ("gate", "up", "gated", "activated")}
         found |= moe_intermediates(model, train, roles, r, s)

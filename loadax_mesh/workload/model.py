@@ -157,6 +157,11 @@ class ModelSpec:
                 raise MeshConfigError(
                     f"{where}: {field}=0 with attention='mla'; accepted: a positive integer"
                 )
+        if self.qk_rope_head_dim % 2:
+            raise MeshConfigError(
+                f"{where}: qk_rope_head_dim={self.qk_rope_head_dim} with attention='mla'; "
+                "accepted: an even number (rotary positions rotate its two halves)"
+            )
         qk = self.qk_nope_head_dim + self.qk_rope_head_dim
         if self.head_dim != qk:
             raise MeshConfigError(
