@@ -46,6 +46,15 @@ MOE_SMALL = (
     "mixtral-8x7b:num_layers=2,d_model=1024,d_ff=2048,moe_d_ff=2048,num_heads=8,num_kv_heads=8,"
     "seq_len=1024"
 )
+# DeepSeek-V3's layers shrunk the same way: a dense layer then a MoE layer, latent attention
+# with its own head dims (8 heads of 128 + 64, values 128) and smaller ranks, 32 experts of
+# width 512, 4 a token, a shared one
+MLA_SMALL = (
+    "deepseek-v3:num_layers=2,first_dense_layers=1,d_model=1024,d_ff=2048,num_heads=8,"
+    "num_kv_heads=8,q_lora_rank=512,kv_lora_rank=256,num_experts=32,experts_per_token=4,"
+    "moe_d_ff=512,seq_len=1024"
+)
+DEEPSEEK_RECIPE = "layer_input=offload,out_proj=offload"
 CASES: list[tuple[Any, ...]] = [
     ("tpu-v5litepod-8", "fsdp", "tiny", 64, "full"),
     ("tpu-v5litepod-8", "fsdp_tp", "tiny", 64, "dots"),
@@ -102,6 +111,11 @@ CASES: list[tuple[Any, ...]] = [
     # width 2048, 2 a token): experts over an expert axis (all-to-all) and over fsdp alone
     ("tpu-v5p-16", "fsdp_ep", MOE_SMALL, 16, "full"),
     ("tpu-v5p-16", "fsdp", MOE_SMALL, 16, "full"),
+    # DeepSeek-V3's shrunk: experts on fsdp (its published recipe's layout) under full remat
+    # and under its recipe's offload, and over an expert axis
+    ("tpu-v5p-16", "fsdp", MLA_SMALL, 16, "full"),
+    ("tpu-v5p-16", "fsdp", MLA_SMALL, 16, DEEPSEEK_RECIPE),
+    ("tpu-v5p-16", "fsdp_ep", MLA_SMALL, 16, "full"),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 

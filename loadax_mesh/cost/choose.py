@@ -155,6 +155,7 @@ def choose_mesh(
     ranking = Ranking()
     candidates: list[_Candidate] = []
     smallest: int | None = None  # the least memory a mesh needs where none fits
+    unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
     batch_ok = False
     for sizes in _factorisations(n, len(names)):
         r = roles(tuple(zip(names, sizes, strict=True)), batch)
@@ -185,6 +186,8 @@ def choose_mesh(
             if not recipes_here:
                 if least is not None:
                     smallest = least if smallest is None else min(smallest, least)
+                else:
+                    unpriced.append((r, held))
                 _count(ranking.pruned, f"no recipe fits in {1 - headroom:.0%} of memory", 1)
                 continue
             bound = _fastest(model, r, factors, {}, facts, recipes_here).key  # perfect rings
@@ -196,6 +199,10 @@ def choose_mesh(
             "multiple of some batch-axes product"
         )
     if not candidates:
+        for r, held in unpriced:  # priced now, for the message's smallest need
+            least = fitting_recipes(model, train, wanted, r, facts, held, headroom, floor=False)[1]
+            if least is not None:
+                smallest = least if smallest is None else min(smallest, least)
         needed = "" if smallest is None else f" the smallest needs {smallest / 1e9:.2f} GB"
         raise MeshConfigError(
             f"model {model.name!r} with global batch {train.global_batch} fits no mesh of "

@@ -1,18 +1,23 @@
 """The cost model's latent-attention terms: DeepSeek-V3's projections' FLOPs against its
 parameters, the weights a device gathers over a tensor axis against the layout, the saved
 value and the gathered keys and values at the value's own width, and choose_mesh's answer for
-DeepSeek-V3 on a v5p pod."""
+DeepSeek-V3 on a v5p pod (meshes whose weights alone do not fit skipped)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
-from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
+import pytest
+
+from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.cost.estimate import op_flops
+from loadax_mesh.cost.memory import weights_floor
 from loadax_mesh.cost.mla import attention_weights
+from loadax_mesh.cost.recipes import fitting_recipes
 from loadax_mesh.cost.traffic import collectives
+from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import param_shapes, roles
 
@@ -95,3 +100,18 @@ def test_deepseek_v3_on_a_v5p_pod_is_planned_and_fits():
     assert best.estimate.fits
     assert best.plan.devices.size == 512
     assert best.estimate.memory_bytes <= best.estimate.hbm_bytes
+
+
+def test_meshes_whose_weights_alone_do_not_fit_are_skipped_and_priced_for_the_message():
+    """Most meshes of a large MoE hold more parameters, optimizer state and gradients than the
+    device has (data axes replicate them): the search skips their recipes, and prices them only
+    when no mesh fits, for the message's smallest need."""
+    facts = hardware_profile("tpu-v5p-128").facts()
+    train = TrainSpec(global_batch=64)
+    r = roles((("data", 8), ("fsdp", 8)), ("data", "fsdp"))
+    assert weights_floor(DS, train, r, facts) > facts.hbm_bytes
+    assert fitting_recipes(DS, train, [{}], r, facts, False, 0.1) == ([], None)
+    recipes, least = fitting_recipes(DS, train, [{}], r, facts, False, 0.1, floor=False)
+    assert recipes == [] and least >= weights_floor(DS, train, r, facts)
+    with pytest.raises(MeshConfigError, match=r"fits no mesh .* the smallest needs"):
+        choose_mesh("tpu-v5p-128", "deepseek-v3", train)
