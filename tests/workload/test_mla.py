@@ -19,7 +19,7 @@ from .losses import TINY, train_losses
 
 # DeepSeek-V3's form in miniature: 8 heads, q through a rank-32 bottleneck, k and v through a
 # rank-16 one, heads of 16 nope + 8 rope dims, values 16 wide; one dense layer, then MoE layers
-# of 8 experts (2 a token) beside a shared one.
+# of 8 experts (2 a token, their sum scaled by 2.5) beside a shared one.
 MLA = replace(
     TINY,
     name="tiny-mla",
@@ -38,6 +38,7 @@ MLA = replace(
     first_dense_layers=1,
     num_shared_experts=1,
     router="sigmoid",
+    routed_scaling=2.5,
 )
 
 
