@@ -28,7 +28,14 @@ from ..hardware.profile import DeviceFacts, hardware_profile
 from ..hardware.strings import simulate_devices
 from ..plan import MeshPlan, plan_config
 from ..shapes import HybridMeshShape
-from ..workload.layout import ROLE_NAMES, Roles, check_fit, check_modelled, roles
+from ..workload.layout import (
+    ROLE_NAMES,
+    Roles,
+    check_fit,
+    check_modelled,
+    expert_layout,
+    roles,
+)
 from ..workload.spec import ModelSpec, TrainSpec
 from .estimate import Estimate, estimate_parts, holds_tables
 from .recipes import RECIPE_FIELDS, Recipe, check_recipes, divisors, fitting_recipes
@@ -158,7 +165,7 @@ def choose_mesh(
     unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
     batch_ok = False
     for sizes in _factorisations(n, len(names)):
-        r = roles(tuple(zip(names, sizes, strict=True)), batch)
+        r = expert_layout(model, roles(tuple(zip(names, sizes, strict=True)), batch))
         try:
             check_fit(model, train, r)
         except MeshConfigError:

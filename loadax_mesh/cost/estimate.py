@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
-from ..workload.layout import Roles, check_fit, roles
+from ..workload.layout import Roles, check_fit, expert_layout, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from . import mla
 from .memory import Shapes, host_bytes, memory_terms, phases
@@ -97,6 +97,7 @@ def estimate(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> Estimate:
             that does not divide over the plan's axes.
     """
     r, factors, efficiency, facts = plan_parts(plan)
+    r = expert_layout(model, r)
     check_fit(model, train, r)
     return estimate_parts(model, train, r, factors, efficiency, facts)
 

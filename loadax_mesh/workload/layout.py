@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import MeshConfigError
 from .spec import ModelSpec, TrainSpec
@@ -35,7 +35,8 @@ Logical = tuple[str | None, ...]
 @dataclass(frozen=True)
 class Roles:
     """Which mesh axes shard what: batch axes (mesh order), and the FSDP, tensor, sequence and
-    expert axes (None where the mesh has none)."""
+    expert axes (None where the mesh has none). `experts_by_d_model`: with no expert axis the
+    experts' d_model, not their expert dim, is sharded over fsdp (`expert_layout`)."""
 
     sizes: tuple[tuple[str, int], ...]  # every mesh axis and its size, in mesh order
     batch: tuple[str, ...]
@@ -43,6 +44,7 @@ class Roles:
     model: str | None
     seq: str | None
     expert: str | None = None
+    experts_by_d_model: bool = False
 
     def size(self, role: str) -> int:
         """The degree of a role: the product of the batch axes for "batch"."""
@@ -64,8 +66,8 @@ class Roles:
         table: dict[str, str | tuple[str, ...] | None] = {
             "embed": embed[0] if len(embed) == 1 else (embed or None),
             "lora": embed[0] if len(embed) == 1 else (embed or None),
-            "exp": self.expert or self.fsdp,
-            "embed_no_exp": self.fsdp if self.expert else None,
+            "exp": self.expert or (None if self.experts_by_d_model else self.fsdp),
+            "embed_no_exp": self.fsdp if self.expert or self.experts_by_d_model else None,
             "heads": self.model,
             "kv_heads": self.model,
             "mlp": self.model,
@@ -111,6 +113,16 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
             "include it"
         )
     return Roles(sizes, tuple(a for a, _ in sizes if a in batch_axes), **found)
+
+
+def expert_layout(model: ModelSpec, r: Roles) -> Roles:
+    """`r` with the experts' layout for `model`: with no expert axis their expert dim over fsdp
+    (MaxText's `shard_exp_on_fsdp`), or, where the experts do not divide over fsdp, their
+    d_model, as MaxText's default lays them out (its DeepSeek-V3 recipe: 256 experts over fsdp
+    512). Either way each layer gathers every expert whole over fsdp."""
+    if model.num_experts and r.expert is None and model.num_experts % r.size("fsdp"):
+        return replace(r, experts_by_d_model=True)
+    return r
 
 
 SPLASH_BLOCK = 512  # splash-attention block size (MaxText's default), or the sequence if shorter

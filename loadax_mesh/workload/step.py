@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .attention import attention
-from .layout import Roles, check_fit, param_shapes, roles
+from .layout import Roles, check_fit, expert_layout, param_shapes, roles
 from .loss import cross_entropy_loss
 from .moe import moe_mlp, scan_layers
 from .spec import ModelSpec, TrainSpec
@@ -306,7 +306,7 @@ def remat_policy(train: TrainSpec) -> Any:
 def make_step(mesh: Mesh, model: ModelSpec, train: TrainSpec, *, batch_axes: Any) -> Step:
     """The reference step on `mesh`; checks that every sharded dim divides by its axis."""
     names = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
-    r = roles(tuple(mesh.shape.items()), names)
+    r = expert_layout(model, roles(tuple(mesh.shape.items()), names))
     check_fit(model, train, r)
     return Step(mesh, model, train, r)
 

@@ -12,7 +12,7 @@ import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError
 from loadax_mesh.workload import ModelSpec, TrainSpec
-from loadax_mesh.workload.layout import param_shapes, roles
+from loadax_mesh.workload.layout import expert_layout, param_shapes, roles
 from loadax_mesh.workload.step import make_step
 
 from .losses import TINY, train_losses
@@ -62,6 +62,18 @@ def test_latent_attention_stacks_hold_every_parameter():
     assert "layers/wq" in param_shapes(replace(MLA, q_lora_rank=0))
 
 
+def test_experts_that_do_not_divide_over_fsdp_shard_their_d_model_instead():
+    """MaxText's default layout (its DeepSeek-V3 recipe: 256 experts over fsdp 512): the
+    experts' d_model over fsdp, each layer gathering them whole as with the expert dim."""
+    r = roles((("fsdp", 8),), ("fsdp",))
+    assert r.mesh_axes(("exp", "embed_no_exp", "mlp")) == ("fsdp", None, None)
+    four = expert_layout(replace(MLA, num_experts=4), r)
+    assert four.mesh_axes(("exp", "embed_no_exp", "mlp")) == (None, "fsdp", None)
+    assert expert_layout(MLA, r) == r  # 8 experts divide over fsdp 8
+    ep = roles((("fsdp", 2), ("expert", 4)), ("fsdp", "expert"))
+    assert expert_layout(replace(MLA, num_experts=4), ep) == ep
+
+
 def test_the_ranks_shard_as_d_model_and_the_heads_over_the_tensor_axis():
     r = roles((("fsdp", 2), ("expert", 2), ("model", 2)), ("fsdp", "expert"))
     assert r.mesh_axes(("lora", "heads", None)) == (("fsdp", "expert"), "model", None)
@@ -76,8 +88,9 @@ def test_the_ranks_shard_as_d_model_and_the_heads_over_the_tensor_axis():
         (MLA, (2, 4), ("fsdp", "expert")),
         (MLA, (8,), ("fsdp",)),
         (replace(MLA, q_lora_rank=0), (2, 2, 2), ("fsdp", "expert", "model")),
+        (replace(MLA, num_experts=4), (8,), ("fsdp",)),
     ],
-    ids=["fsdp2-ep4", "fsdp8", "full-rank-q-tp2"],
+    ids=["fsdp2-ep4", "fsdp8", "full-rank-q-tp2", "fsdp8-experts-by-d-model"],
 )
 def test_latent_attention_trains_on_eight_devices_like_one(single, model, shape, names):
     batch = tuple(n for n in names if n != "model")

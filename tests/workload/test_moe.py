@@ -116,13 +116,6 @@ def test_dropless_and_capacity_agree_when_nothing_drops_and_differ_when_it_does(
             "expert axis whose size divides num_experts",
         ),
         (
-            (1, 8),
-            ("data", "fsdp"),
-            replace(MOE, num_experts=4),
-            "num_experts=4 does not divide over the fsdp axis 'fsdp' of size 8.*or an expert "
-            "axis that does",
-        ),
-        (
             (1, 1, 8),
             ALL,
             replace(MOE, d_model=68, head_dim=4),
