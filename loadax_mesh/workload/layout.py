@@ -112,7 +112,8 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
             "axis splits the batch as FSDP does outside the experts; accepted: batch axes that "
             "include it"
         )
-    return Roles(sizes, tuple(a for a, _ in sizes if a in batch_axes), **found)
+    batch = tuple(a for a, _ in sizes if a in batch_axes)
+    return Roles(sizes, batch, found["fsdp"], found["model"], found["seq"], found["expert"])
 
 
 def expert_layout(model: ModelSpec, r: Roles) -> Roles:
