@@ -100,6 +100,11 @@ def test_deepseek_v3_on_a_v5p_pod_is_planned_and_fits():
     assert best.estimate.fits
     assert best.plan.devices.size == 512
     assert best.estimate.memory_bytes <= best.estimate.hbm_bytes
+    # The published recipe's mesh, fsdp 512, is one it can plan: the 256 experts' d_model is
+    # sharded over it (they do not divide over 512).
+    fsdp = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5p-1024"))
+    assert fsdp.shape == {"data": 1, "fsdp": 512}
+    assert estimate(fsdp, DS, TrainSpec(global_batch=3072, remat="offload")).fits
 
 
 def test_meshes_whose_weights_alone_do_not_fit_are_skipped_and_priced_for_the_message():
