@@ -147,9 +147,8 @@ def choose_mesh(
             searched (the message gives the smallest need).
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
-    check_modelled(
-        model, experts=True, latent=True
-    )  # else each mesh's refusal would read as "fits no mesh"
+    # else each mesh's refusal would read as "fits no mesh"
+    check_modelled(model, experts=True, latent=True)
     names = _check_axes(axes, top)
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")

@@ -1,8 +1,8 @@
 """The reference training step in plain jax: a decoder-only LM (docs/design.md section 7).
 
-Embedding (one table for the logits too when tied), RMSNorm, grouped-query attention with a
-causal mask and rotary positions, an MLP (SwiGLU, or two matrices with ReLU or GELU between),
-layers under `lax.scan` with a remat policy, cross-entropy in float32, Adam, and the recipe of
+Embedding (one table for the logits too when tied), RMSNorm, grouped-query attention (or
+DeepSeek's multi-head latent attention) with a causal mask and rotary positions, an MLP (SwiGLU,
+or two matrices with ReLU or GELU between), layers under `lax.scan` with a remat policy, cross-entropy in float32, Adam, and the recipe of
 TrainSpec: each named tensor of a layer recomputed, saved on the device or offloaded to host
 memory; gradients accumulated over micro-batches; the loss over chunks. Parameters,
 Adam moments and activations are sharded by the logical rules of `layout`. Inputs can be
@@ -273,7 +273,7 @@ class Step:
         sin, cos = _rotary(m.seq_len, m.qk_rope_head_dim)
         q_nope, q_rope = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
         q = jnp.concatenate([q_nope, _rotate(q_rope, sin, cos)], axis=-1)
-        rope_key = jnp.broadcast_to(_rotate(rope_key[:, :, None, :], sin, cos), (*q_rope.shape,))
+        rope_key = jnp.broadcast_to(_rotate(rope_key[:, :, None, :], sin, cos), q_rope.shape)
         k = checkpoint_name(jnp.concatenate([k_nope, rope_key], axis=-1), "key")
         return q, k, checkpoint_name(v, "value")
 
