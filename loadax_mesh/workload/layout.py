@@ -5,12 +5,11 @@ Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis (and the exp
 acts as FSDP outside the experts, as in MaxText); `heads`, `kv_heads`, `mlp` and `vocab` -> the
 tensor-parallel axis; `lora` (latent attention's ranks) as `embed`; `exp` (the expert dim of MoE
 weights) -> the expert axis, or the FSDP axis without one; `embed_no_exp` (the d_model dim of
-expert weights) -> the FSDP axis when `exp` is on the expert axis, else unsharded (experts that
-do not divide over FSDP swap the two: `expert_layout`). Activations: `batch` -> the batch axes, `seq` -> the
-sequence axis, `hidden` (the d_model dim of the residual stream between the layer's blocks) ->
-the tensor-parallel axis, as MaxText's `activation_embed` shards it: what a layer saves of it
-is cut by the tensor degree too. Axes are recognised by name (ROLE_NAMES); batch axes are the
-plan's.
+expert weights) -> the FSDP axis when `exp` is on the expert axis, else unsharded (experts that do
+not divide over FSDP swap the two: `expert_layout`). Activations: `batch` -> the batch axes, `seq`
+-> the sequence axis, `hidden` (the d_model dim of the residual stream between the layer's blocks)
+-> the tensor-parallel axis, as MaxText's `activation_embed` shards it: what a layer saves of it is
+cut by the tensor degree too. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's.
 """
 
 from __future__ import annotations

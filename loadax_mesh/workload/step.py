@@ -1,13 +1,13 @@
 """The reference training step in plain jax: a decoder-only LM (docs/design.md section 7).
 
-Embedding (one table for the logits too when tied), RMSNorm, grouped-query attention (or
-DeepSeek's multi-head latent attention) with a causal mask and rotary positions, an MLP (SwiGLU,
-or two matrices with ReLU or GELU between), layers under `lax.scan` with a remat policy, cross-entropy in float32, Adam, and the recipe of
-TrainSpec: each named tensor of a layer recomputed, saved on the device or offloaded to host
-memory; gradients accumulated over micro-batches; the loss over chunks. Parameters,
-Adam moments and activations are sharded by the logical rules of `layout`. Inputs can be
-`jax.ShapeDtypeStruct`s (to compile for thousands of devices without allocating) or real
-arrays (to train on this machine's devices).
+Embedding (one table for the logits too when tied), RMSNorm, grouped-query attention (or DeepSeek's
+multi-head latent attention) with a causal mask and rotary positions, an MLP (SwiGLU, or two
+matrices with ReLU or GELU between), layers under `lax.scan` with a remat policy, cross-entropy in
+float32, Adam, and the recipe of TrainSpec: each named tensor of a layer recomputed, saved on the
+device or offloaded to host memory; gradients accumulated over micro-batches; the loss over chunks.
+Parameters, Adam moments and activations are sharded by the logical rules of `layout`. Inputs can
+be `jax.ShapeDtypeStruct`s (to compile for thousands of devices without allocating) or real arrays
+(to train on this machine's devices).
 """
 
 from __future__ import annotations
