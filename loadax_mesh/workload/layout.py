@@ -151,8 +151,8 @@ def check_modelled(
     """A MeshConfigError for a model whose layers `by` do not build yet (experts, latent
     attention): refused, not priced or compiled as a model it is not. `experts`: `by` builds
     MoE layers (the reference step does, moe.py: SwiGLU experts; the cost model prices them,
-    cost/moe.py); `latent`: `by` builds multi-head latent attention (the step, mla.py; the cost
-    model, cost/mla.py)."""
+    cost/moe.py); `latent`: `by` builds multi-head latent attention (the step, step.py's
+    `_latent_qkv`; the cost model, cost/mla.py)."""
     accepted = ", ".join(f"{f}={v!r}" for f, v in MODELLED)
     built_too = {"num_experts": experts, "attention": latent}
     for field, built in MODELLED:
