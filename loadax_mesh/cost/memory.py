@@ -299,16 +299,19 @@ def _moe_layers(
 ) -> tuple[int, int]:
     """A model with MoE layers: (what its dense and MoE layers save, the larger of the two
     kinds' layer-loop terms: one layer's weights gathered and its backward pass's working set).
-    A dense layer's weights count three times (see memory_terms); a MoE layer's (its attention,
-    router and shared experts, and its routed experts as cost/moe.py gathers them) twice: the
-    block gathers them inside its shard_map, where the compiler prefetches no next layer's,
-    so its backward pass holds them and their gradient before it is reduced (the compiled
-    v5p-16 steps of benchmarks/bench_cost.py's MoE cases)."""
+    A dense layer's weights count three times (see memory_terms); a MoE layer's attention,
+    router and shared experts twice: the compiler prefetches no next layer's past the block's
+    shard_map, so its backward pass holds them and their gradient before it is reduced. Its
+    routed experts, as cost/moe.py gathers them, count once: each matrix's gradient leaves as
+    the backward produces it (the compiled v5p-16 steps of benchmarks/bench_cost.py's MoE
+    cases, and DeepSeek-V3 at full width on v5p-1024, where the 22.5 GB of experts gathered
+    counted twice overstate libtpu's assignment by half: benchmarks/RESULTS.md)."""
     cd = dtype_bytes(train.compute_dtype)
     dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
     saved = partial(layer_bytes, model, train, sh, roles, tile, kernel, saved=True)
     work = partial(working_bytes, model, train, sh, roles, tile, kernel)
-    layer = 2 * sum(moe_layer_weights(model, roles)) * cd + work(moe=True)
+    shared, experts = moe_layer_weights(model, roles)
+    layer = (2 * shared + experts) * cd + work(moe=True)
     if dense:
         weights = dense_layer_weights(model, roles.size("model")) * cd
         layer = max(layer, 3 * weights + work())

@@ -22,11 +22,14 @@ from .memory import host_bytes, memory_terms, phases, weights_floor
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
-# host memory (docs/facts/production_runs.md).
+# host memory (docs/facts/production_runs.md); as its DeepSeek-V3 run sets it, the layer input
+# and the output projection (docs/facts/moe_runs.md, M11: latent attention's q, k and v are too
+# wide to offload).
 RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks")
 MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
+MAXTEXT_MOE_OFFLOAD = {t: "offload" for t in ("layer_input", "out_proj")}
 REMATS: tuple[str | dict[str, str], ...] = (
-    "none", "dots_attention", "dots", "full", "offload", MAXTEXT_OFFLOAD,
+    "none", "dots_attention", "dots", "full", "offload", MAXTEXT_OFFLOAD, MAXTEXT_MOE_OFFLOAD,
 )  # fmt: skip
 LOGITS_CHUNKS = (1, 4, 16)
 Remat = str | tuple[tuple[str, str], ...]  # a remat as TrainSpec takes it, hashable
