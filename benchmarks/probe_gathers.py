@@ -17,7 +17,7 @@ all-gather the SPMD partitioner emitted into a dynamic-update-slice into zeros a
 in ways 1 and 2; only way 3 keeps them as all-gathers. On tpu-v5p-64 (2x4x4, no wraparound)
 all three keep the all-gathers. One TPU compile at a time; each takes seconds here.
 
-    python benchmarks/probe_gathers.py [HARDWARE] [--d-model 128] [--batch N]
+    python benchmarks/probe_gathers.py [HARDWARE] [--d-model 128] [--batch N]  (one TPU slice)
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=0, help="global batch (default: 1 a chip)")
     args = parser.parse_args()
     hw = args.hardware
+    if parse_hardware(hw).slices > 1:
+        raise SystemExit(f"{hw}: one slice only (the raster order is jax's for one slice)")
     tiny = ModelSpec.from_name("tiny")
     model = dataclasses.replace(tiny, d_model=args.d_model, d_ff=3 * args.d_model)
     plan = MeshConfig.from_preset("fsdp").plan(topology_devices(hw), selector=hw)
