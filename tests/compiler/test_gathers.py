@@ -8,8 +8,6 @@ all-gathers, which these tests hold it to.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -61,7 +59,7 @@ def test_on_a_whole_torus_the_gathers_need_wraparound_and_raster_order():
     assert spec.wrap == (True, True, True)
     name, kwargs = tpu_topology_args(spec)
     devices = list(topologies.get_topology_desc(name, "tpu", wrap=spec.wrap, **kwargs).devices)
-    model = dataclasses.replace(TINY, name="tiny-torus")
+    model = TINY
     train = TrainSpec(global_batch=64)
 
     def gathered(grid) -> int:
@@ -75,8 +73,8 @@ def test_on_a_whole_torus_the_gathers_need_wraparound_and_raster_order():
 
     raster = mesh_utils.create_device_mesh((1, 64), devices)
     assert gathered(raster) >= model.num_layers * layer_weight_bytes(model)
-    # the plan's host-contiguous ring order: libtpu gathers by all-reduce instead (a libtpu
-    # choice; if this starts failing, the plan's order needs no change: see RESULTS)
+    # the plan's host-contiguous ring order: libtpu gathers by all-reduce instead (RESULTS
+    # 2026-11-26); this flips when the solver orders a whole-torus axis as the raster does
     plan = MeshConfig.from_preset("fsdp").plan(topology_devices(hw), selector=hw)
     by = {(tuple(d.coords), d.core_on_chip): d for d in devices}
     order = [by[(tuple(d.coords), d.core_on_chip)] for d in plan.to_jax_mesh().devices.flat]
