@@ -21,11 +21,11 @@ logits and their gradient exist one chunk at a time, 1/C of them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
 from ..hardware.profile import DeviceFacts, attention_kernel
-from ..workload.layout import Roles, param_shapes, splash_blocks
+from ..workload.layout import Logical, Roles, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
 from .moe import MOE_NAMES, dense_layer_weights, moe_intermediates, moe_layer_weights
@@ -87,15 +87,23 @@ def stored(
 @lru_cache(maxsize=4096)
 def shard_bytes(model: ModelSpec, roles: Roles, nbytes: int, tile: tuple[int, int] | None) -> int:
     """Bytes of one device's shard of every parameter, stored in `nbytes`-byte words."""
-    total = 0
-    for shape, logical in param_shapes(model).values():
-        entries = roles.mesh_axes(logical)
-        local = []
-        for dim, entry in zip(shape, entries, strict=True):
-            axes = (entry,) if isinstance(entry, str) else entry or ()
-            local.append(dim // math.prod(dict(roles.sizes)[a] for a in axes))
-        total += stored(tuple(local), nbytes, tile)
-    return total
+    params = _params(model)
+    sizes = dict(roles.sizes)
+    degree: dict[str | None, int] = {None: 1}  # each logical name's shards (names map alone)
+    for name in {n for _, logical in params for n in logical if n is not None}:
+        entry = roles.mesh_axes((name,))[0]
+        axes = (entry,) if isinstance(entry, str) else entry or ()
+        degree[name] = math.prod(sizes[a] for a in axes)
+    return sum(
+        stored(tuple(d // degree[n] for d, n in zip(shape, logical, strict=True)), nbytes, tile)
+        for shape, logical in params
+    )
+
+
+@lru_cache(maxsize=64)
+def _params(model: ModelSpec) -> tuple[tuple[tuple[int, ...], Logical], ...]:
+    """`param_shapes`'s (shape, logical axes) pairs, found once a model."""
+    return tuple(param_shapes(model).values())
 
 
 def layer_weights(model: ModelSpec, m: int) -> int:
@@ -103,7 +111,22 @@ def layer_weights(model: ModelSpec, m: int) -> int:
     return mla.attention_weights(model, m) + model.mlp_params(model.d_ff) // m
 
 
+@lru_cache(maxsize=1024)
+def _shape_only(train: TrainSpec) -> TrainSpec:
+    """`train` with the fields a layer's intermediates do not depend on (the remat and the
+    logits chunks) at one value, so that what is priced once is found for every recipe."""
+    return replace(train, remat="full", logits_chunks=1)
+
+
 def _intermediates(
+    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, *, splash: bool, moe: bool
+) -> dict[str, tuple[tuple[int, ...], int]]:
+    """`_found` for any recipe of the same shapes (the dict is shared: read, never written)."""
+    return _found(model, _shape_only(train), sh, roles, splash=splash, moe=moe)
+
+
+@lru_cache(maxsize=4096)
+def _found(
     model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, *, splash: bool, moe: bool
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """One layer's forward intermediates on one device: name -> (shape, bytes per element);
@@ -191,12 +214,39 @@ def layer_bytes(
     else all of them, as temporaries of the layer being differentiated, which the compiler lays
     out freely. `kernel` is the attention kernel the step runs (`profile.attention_kernel`);
     `moe`: a MoE layer's."""
-    found = _intermediates(model, train, sh, roles, splash=kernel == "splash", moe=moe)
-    keep = kept(train, found, where, kernel, model.mlp) if saved else found
+    shaped = _shape_only(train)
+    found = _found(model, shaped, sh, roles, splash=kernel == "splash", moe=moe)
+    sizes = _sizes(model, shaped, sh, roles, tile, kernel, saved=saved, moe=moe)
+    if not saved:
+        return sum(sizes.values())
     return sum(
-        stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
-        for name, (shape, nbytes) in keep.items()
+        sizes[name] if found.get(name) is value else _stored(name, value, tile, saved)
+        for name, value in kept(train, found, where, kernel, model.mlp).items()
     )
+
+
+def _stored(
+    name: str, value: tuple[tuple[int, ...], int], tile: tuple[int, int] | None, saved: bool
+) -> int:
+    """`stored` for a named intermediate, its minor dim where the kernel fixes it."""
+    return stored(*value, tile, minor=-1 if _fixed(name, saved) else None)
+
+
+@lru_cache(maxsize=4096)
+def _sizes(
+    model: ModelSpec,
+    train: TrainSpec,
+    sh: Shapes,
+    roles: Roles,
+    tile: tuple[int, int] | None,
+    kernel: str,
+    *,
+    saved: bool,
+    moe: bool,
+) -> dict[str, int]:
+    """Each of `_found`'s intermediates as stored (layer_bytes's), by name."""
+    found = _found(model, train, sh, roles, splash=kernel == "splash", moe=moe)
+    return {name: _stored(name, value, tile, saved) for name, value in found.items()}
 
 
 @lru_cache(maxsize=8192)
@@ -220,7 +270,9 @@ def working_bytes(
         fixed = {n: -1 if _fixed(n, False) else None for n in found}
         sizes = {n: stored(*v, tile, minor=fixed[n]) for n, v in found.items()}
         return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype)
-    everything = layer_bytes(model, train, sh, roles, tile, kernel, saved=False, moe=moe)
+    everything = layer_bytes(
+        model, _shape_only(train), sh, roles, tile, kernel, saved=False, moe=moe
+    )
     if isinstance(train.remat, str) and train.remat in _WORKING:
         if not moe:
             return _WORKING[train.remat] * everything
@@ -280,7 +332,7 @@ def memory_terms(
             model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer
         )
     return terms | {
-        "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
+        "batch": _batch_bytes(sh, tile),
         "activations": activations,
         "logits": -(-logits // train.logits_chunks),
         # Gradient accumulation: the running sum of every gradient shard, in float32.
@@ -370,6 +422,29 @@ def weights_floor(model: ModelSpec, train: TrainSpec, roles: Roles, device: Devi
     held = device.traits.holds_reduced_gradients
     terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, False))
     return terms["params"] + terms["optimizer"] + terms["gradients"]
+
+
+def _batch_bytes(sh: Shapes, tile: tuple[int, int] | None) -> int:
+    """The batch's inputs and targets (int32)."""
+    return 2 * stored((sh.rows, sh.seq), 4, tile)
+
+
+def memory_floor(
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    device: DeviceFacts,
+    *,
+    batch_across_granules: bool = False,
+) -> int:
+    """A lower bound of every recipe's peak (memory_terms's, as `phases` finds it): the tail
+    phase's terms that no recipe changes (arguments, gradient shards and their reduced copy,
+    the tables), the accumulator left out; the peak is the largest phase's total."""
+    dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
+    held = device.traits.holds_reduced_gradients
+    terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, batch_across_granules))
+    terms["batch"] = _batch_bytes(Shapes.of(model, train, roles), device.tile)
+    return sum(terms[k] for k in (*ALWAYS, *PHASES["tail"]) if k in terms)
 
 
 PHASES = {
