@@ -18,7 +18,7 @@ or 512 could not do.
 
 The MoE path. `megablox=False` with `capacity_factor=1.25` (M1-M5) is MaxText's dropping path:
 dense einsums over capacity slots, priced here as TrainSpec(moe="capacity"); megablox with
-`sparse_matmul` (M8-M10) is its dropless grouped-matmul path, moe="dropless". Published MoE
+`sparse_matmul` (M8-M11) is its dropless grouped-matmul path, moe="dropless". Published MoE
 throughput is balanced-load throughput (moe_runs.md section 0.5): routing="balanced".
 
 Remat: MaxText's custom names map as in production_runs.py (decoder_layer_input ->
@@ -145,6 +145,29 @@ MOE_RUNS += [
         "megablox and sparse_matmul (dropless); splash blocks 2048 (this step: 512); attention "
         "chunked at 8192 = the sequence (no effect); every 4th layer without RoPE",
     },
+    {
+        "name": "M11 DeepSeek-V3 v5p-1024",
+        # total_weights 25165824 = 6 x 8192 x 512: 512 chips (moe_runs.md, M11 [I])
+        "hardware": "tpu-v5p-1024",
+        "model": "deepseek-v3",
+        "seq_len": 8192,
+        "mesh": {"axes": _FSDP, "shape": (512, 1), "batch": _FSDP},
+        "train": {
+            "global_batch": 6 * 512,
+            "remat": {"layer_input": "offload", "out_proj": "offload"},
+            **_DROPLESS,
+        },
+        "step_seconds": 90.668,
+        "tflops_per_device": 152.415,
+        "attention_flops": "causal",
+        "source": _TR_V5P.format(
+            path="DeepSeek3-671B-MaxText", config="deepseek3_671b_v5p_1024", mx="3eb77db"
+        ),
+        "notes": "ici_fsdp -1 (512), ici_tensor 1: no expert parallelism; remat custom: "
+        "decoder_layer_input and out_proj offloaded; megablox and sparse_matmul (dropless), "
+        "use_custom_sort_vjp; tiles 512 / 1024 / 1024; splash blocks 2048 (this step: 512), "
+        "sa_use_fused_bwd_kernel False; bf16 / fp32, adamw",
+    },
 ]
 
 # The training fields of MaxText's published Mixtral 8x22B v6e-256 recipe (`mixtral_8x22b_dropped`
@@ -165,8 +188,6 @@ MOE_SKIPPED = {
     "M7 Mixtral-8x7B v5p-128 (251.94 TFLOP/s, 54.89% MFU)": "Run_Mixtral.md states no batch, "
     "mesh, remat or MoE path; M8 (the tiering table's v5p row, with its linked recipe) stands "
     "for the v5p Mixtral MFU statements",
-    "M11 DeepSeek-V3 v5p-1024": "multi-head latent attention is not on main yet (branch 'mla'); "
-    "the cost model refuses attention='mla'",
     "U1 Mixtral-8x7B without attention, 8E top-2 vs 56E top-14 (maxtext issue 1256)": "no "
     "batch, mesh or step: a ratio of MFUs at equal FLOPs (benchmarks/bench_moe_time.py prints "
     "the model's ratio beside it)",

@@ -20,82 +20,17 @@ logits and their gradient exist one chunk at a time, 1/C of them.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import replace
 from functools import lru_cache, partial
 
 from ..hardware.profile import DeviceFacts, attention_kernel
-from ..workload.layout import Roles, param_shapes, splash_blocks
+from ..workload.layout import Roles, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
 from .moe import MOE_NAMES, dense_layer_weights, moe_intermediates, moe_layer_weights
 from .saved import PARTS, kept
+from .stored import Shapes, shard_bytes, stored
 from .sublayer import counted_per_sublayer, recomputed_working
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """The per-device sizes the memory and traffic models share."""
-
-    tokens: int  # tokens one device computes a step (its batch rows times its sequence slice)
-    rows: int  # sequences one device holds
-    micro_rows: int  # of which one micro-batch computes at a time
-    seq: int  # sequence slice length
-    heads: int  # query heads on one device
-    kv_heads: int
-    mlp: int  # d_ff on one device
-    vocab: int  # vocabulary on one device
-
-    @classmethod
-    def of(cls, model: ModelSpec, train: TrainSpec, roles: Roles) -> Shapes:
-        rows = train.global_batch // roles.size("batch")
-        seq = model.seq_len // roles.size("seq")
-        m = roles.size("model")
-        return cls(
-            tokens=rows * seq,
-            rows=rows,
-            micro_rows=max(1, rows // train.microbatches),
-            seq=seq,
-            heads=model.num_heads // m,
-            kv_heads=model.num_kv_heads // m,
-            mlp=model.d_ff // m,
-            vocab=model.vocab_size // m,
-        )
-
-
-@lru_cache(maxsize=65536)
-def stored(
-    shape: tuple[int, ...], nbytes: int, tile: tuple[int, int] | None, *, minor: int | None = None
-) -> int:
-    """Bytes an array takes in memory. On TPU the compiler puts a dim in the 128 lanes (the one
-    that wastes least, or `minor` where the op fixes it, as a matmul fixes its contracted dim)
-    and the largest other dim in the rows (8 for 4-byte types, 16 for 2-byte); a dim shorter
-    than a row tile takes a smaller tile, as T(4,128) does."""
-    elements = math.prod(shape)
-    if tile is None or not shape:
-        return elements * nbytes
-    rows, lanes = tile[0] * max(1, 4 // nbytes), tile[1]
-    sizes = []
-    for k in range(len(shape)) if minor is None else (minor % len(shape),):
-        rest = [d for j, d in enumerate(shape) if j != k]
-        second = max(rest, default=1)
-        padded_second = second if second < rows else -(-second // rows) * rows
-        sizes.append(-(-shape[k] // lanes) * lanes * padded_second * (math.prod(rest) // second))
-    return min(sizes) * nbytes
-
-
-@lru_cache(maxsize=4096)
-def shard_bytes(model: ModelSpec, roles: Roles, nbytes: int, tile: tuple[int, int] | None) -> int:
-    """Bytes of one device's shard of every parameter, stored in `nbytes`-byte words."""
-    total = 0
-    for shape, logical in param_shapes(model).values():
-        entries = roles.mesh_axes(logical)
-        local = []
-        for dim, entry in zip(shape, entries, strict=True):
-            axes = (entry,) if isinstance(entry, str) else entry or ()
-            local.append(dim // math.prod(dict(roles.sizes)[a] for a in axes))
-        total += stored(tuple(local), nbytes, tile)
-    return total
 
 
 def layer_weights(model: ModelSpec, m: int) -> int:
@@ -103,7 +38,22 @@ def layer_weights(model: ModelSpec, m: int) -> int:
     return mla.attention_weights(model, m) + model.mlp_params(model.d_ff) // m
 
 
+@lru_cache(maxsize=1024)
+def _shape_only(train: TrainSpec) -> TrainSpec:
+    """`train` with the fields a layer's intermediates do not depend on (the remat and the
+    logits chunks) at one value, so that what is priced once is found for every recipe."""
+    return replace(train, remat="full", logits_chunks=1)
+
+
 def _intermediates(
+    model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, *, splash: bool, moe: bool
+) -> dict[str, tuple[tuple[int, ...], int]]:
+    """`_found` for any recipe of the same shapes (the dict is shared: read, never written)."""
+    return _found(model, _shape_only(train), sh, roles, splash=splash, moe=moe)
+
+
+@lru_cache(maxsize=4096)
+def _found(
     model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, *, splash: bool, moe: bool
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """One layer's forward intermediates on one device: name -> (shape, bytes per element);
@@ -191,12 +141,39 @@ def layer_bytes(
     else all of them, as temporaries of the layer being differentiated, which the compiler lays
     out freely. `kernel` is the attention kernel the step runs (`profile.attention_kernel`);
     `moe`: a MoE layer's."""
-    found = _intermediates(model, train, sh, roles, splash=kernel == "splash", moe=moe)
-    keep = kept(train, found, where, kernel, model.mlp) if saved else found
+    shaped = _shape_only(train)
+    found = _found(model, shaped, sh, roles, splash=kernel == "splash", moe=moe)
+    sizes = _sizes(model, shaped, sh, roles, tile, kernel, saved=saved, moe=moe)
+    if not saved:
+        return sum(sizes.values())
     return sum(
-        stored(shape, nbytes, tile, minor=-1 if _fixed(name, saved) else None)
-        for name, (shape, nbytes) in keep.items()
+        sizes[name] if found.get(name) is value else _stored(name, value, tile, saved)
+        for name, value in kept(train, found, where, kernel, model.mlp).items()
     )
+
+
+def _stored(
+    name: str, value: tuple[tuple[int, ...], int], tile: tuple[int, int] | None, saved: bool
+) -> int:
+    """`stored` for a named intermediate, its minor dim where the kernel fixes it."""
+    return stored(*value, tile, minor=-1 if _fixed(name, saved) else None)
+
+
+@lru_cache(maxsize=4096)
+def _sizes(
+    model: ModelSpec,
+    train: TrainSpec,
+    sh: Shapes,
+    roles: Roles,
+    tile: tuple[int, int] | None,
+    kernel: str,
+    *,
+    saved: bool,
+    moe: bool,
+) -> dict[str, int]:
+    """Each of `_found`'s intermediates as stored (layer_bytes's), by name."""
+    found = _found(model, train, sh, roles, splash=kernel == "splash", moe=moe)
+    return {name: _stored(name, value, tile, saved) for name, value in found.items()}
 
 
 @lru_cache(maxsize=8192)
@@ -220,7 +197,9 @@ def working_bytes(
         fixed = {n: -1 if _fixed(n, False) else None for n in found}
         sizes = {n: stored(*v, tile, minor=fixed[n]) for n, v in found.items()}
         return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype)
-    everything = layer_bytes(model, train, sh, roles, tile, kernel, saved=False, moe=moe)
+    everything = layer_bytes(
+        model, _shape_only(train), sh, roles, tile, kernel, saved=False, moe=moe
+    )
     if isinstance(train.remat, str) and train.remat in _WORKING:
         if not moe:
             return _WORKING[train.remat] * everything
@@ -280,7 +259,7 @@ def memory_terms(
             model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer
         )
     return terms | {
-        "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
+        "batch": _batch_bytes(sh, tile),
         "activations": activations,
         "logits": -(-logits // train.logits_chunks),
         # Gradient accumulation: the running sum of every gradient shard, in float32.
@@ -370,6 +349,29 @@ def weights_floor(model: ModelSpec, train: TrainSpec, roles: Roles, device: Devi
     held = device.traits.holds_reduced_gradients
     terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, False))
     return terms["params"] + terms["optimizer"] + terms["gradients"]
+
+
+def _batch_bytes(sh: Shapes, tile: tuple[int, int] | None) -> int:
+    """The batch's inputs and targets (int32)."""
+    return 2 * stored((sh.rows, sh.seq), 4, tile)
+
+
+def memory_floor(
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    device: DeviceFacts,
+    *,
+    batch_across_granules: bool = False,
+) -> int:
+    """A lower bound of every recipe's peak (memory_terms's, as `phases` finds it): the tail
+    phase's terms that no recipe changes (arguments, gradient shards and their reduced copy,
+    the tables), the accumulator left out; the peak is the largest phase's total."""
+    dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
+    held = device.traits.holds_reduced_gradients
+    terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, batch_across_granules))
+    terms["batch"] = _batch_bytes(Shapes.of(model, train, roles), device.tile)
+    return sum(terms[k] for k in (*ALWAYS, *PHASES["tail"]) if k in terms)
 
 
 PHASES = {

@@ -18,7 +18,7 @@ from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles, check_fit
 from ..workload.spec import ModelSpec, TrainSpec
-from .memory import host_bytes, memory_terms, phases, weights_floor
+from .memory import host_bytes, memory_floor, memory_terms, phases
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
@@ -83,12 +83,14 @@ def fitting_recipes(
     grow, so the fewest that fit are found by bisection; logits chunks change only the logits
     term, so each remat and micro-batch count is priced once for every chunk count.
     `batch_across_granules`: memory.memory_terms's (estimate.holds_tables). `floor`: a mesh
-    whose parameters, optimizer state and gradients alone (held in every phase, whatever the
-    recipe) exceed the limit gets no recipe and no least at once (most meshes of a large MoE)."""
+    whose terms no recipe changes (memory.memory_floor: parameters, optimizer state, gradient
+    shards, tables, the batch) exceed the limit gets no recipe and no least at once (most
+    meshes of a large MoE)."""
     out: list[Recipe] = []
     least: list[int] = []  # the peak memory of each recipe that does not fit
     limit = facts.hbm_bytes * (1 - headroom)
-    if floor and weights_floor(model, train, r, facts) > limit:
+    across = batch_across_granules
+    if floor and memory_floor(model, train, r, facts, batch_across_granules=across) > limit:
         return [], None
     host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
     offloads = facts.host_memory_bytes is not None and facts.host_link_bandwidth is not None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..errors import MeshConfigError
 from .spec import ModelSpec, TrainSpec
@@ -47,11 +48,20 @@ class Roles:
 
     def size(self, role: str) -> int:
         """The degree of a role: the product of the batch axes for "batch"."""
-        sizes = dict(self.sizes)
-        if role == "batch":
-            return math.prod(sizes[a] for a in self.batch)
+        if role in self._degrees:
+            return self._degrees[role]
         axis = getattr(self, role)
-        return 1 if axis is None else sizes[axis]
+        return 1 if axis is None else dict(self.sizes)[axis]
+
+    @cached_property
+    def _degrees(self) -> dict[str, int]:
+        """Every role's degree, found once (the cost model asks for them in its inner loops)."""
+        sizes = dict(self.sizes)
+        out = {"batch": math.prod(sizes[a] for a in self.batch)}
+        for role in ("fsdp", "model", "seq", "expert"):
+            axis = getattr(self, role)
+            out[role] = 1 if axis is None else sizes[axis]
+        return out
 
     def data_parallel_axes(self) -> tuple[str, ...]:
         """The batch axes of size > 1 that replicate the parameters (all but FSDP's and the

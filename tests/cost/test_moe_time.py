@@ -13,7 +13,7 @@ import pytest
 from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
 from loadax_mesh.cost.choose import AXES, MOE_AXES
 from loadax_mesh.cost.estimate import estimate, estimate_parts, plan_parts
-from loadax_mesh.cost.memory import weights_floor
+from loadax_mesh.cost.memory import memory_floor, weights_floor
 from loadax_mesh.cost.moe_time import dispatch_einsums, permute_seconds
 from loadax_mesh.cost.time import permute_bandwidth
 from loadax_mesh.hardware.profile import hardware_profile
@@ -145,3 +145,17 @@ def test_the_floor_is_below_every_recipe_s_memory():
         train = TrainSpec(global_batch=16, remat=remat)
         e = estimate(plan, MOE, train)
         assert weights_floor(MOE, train, r, facts) <= e.memory_bytes
+
+
+def test_the_recipe_free_floor_bounds_every_recipe_and_exceeds_the_weights():
+    # memory_floor (the chooser's pruning bound) adds the batch, the reduced gradient shards
+    # and the tables to the weights floor: above it, yet below every recipe's peak, micro-batched
+    # or not, with a data axis (reduced gradients held) or without
+    for preset in ("fsdp", "dp"):
+        plan = MeshConfig.from_preset(preset).plan(simulate_devices("tpu-v5p-32"))
+        r, _, _, facts = plan_parts(plan)
+        for remat, micro in (("none", 1), ("full", 1), ("offload", 1), ("full", 4)):
+            train = TrainSpec(global_batch=64, remat=remat, microbatches=micro)
+            e = estimate(plan, MOE, train)
+            floor = memory_floor(MOE, train, r, facts)
+            assert weights_floor(MOE, train, r, facts) < floor <= e.memory_bytes
