@@ -204,14 +204,17 @@ def working_bytes(
         if not moe:
             return _WORKING[train.remat] * everything
         # A MoE layer: its block's buffers are a chain (copies, dispatch, experts, combine),
-        # each live only around its own op, forward and back. Its backward pass peaks at the
-        # experts: their input rows, the gate and up recomputed, the output's gradient, the
-        # gate's and up's gradients; beside them the rest of the layer as recomputed (the
-        # attention half's gradients come after). Later the attention half's backward holds
-        # the rest as a dense layer does.
+        # each live only around its own op. Its backward pass peaks at the experts, beside the
+        # rest of the layer as recomputed, at the larger of two points, both holding the input
+        # rows and the output's gradient (d_model wide): the SwiGLU's backward (gate and up
+        # recomputed, their gradients: expert wide) or the input's gradient (the gate's and
+        # up's gradients and the gated product; the input's gradient through gate, through up
+        # and their sum, d_model wide), the larger where an expert is narrower than d_model
+        # (libtpu's peak for DeepSeek's shrunk step over an expert axis: benchmarks/RESULTS.md).
         block = sum(stored(*v, tile) for n, v in found.items() if n in MOE_NAMES)
         rest = everything - block
-        peak = 2 * stored(*found["expert out"], tile) + 4 * stored(*found["expert gate"], tile)
+        wide, narrow = stored(*found["expert out"], tile), stored(*found["expert gate"], tile)
+        peak = max(2 * wide + 4 * narrow, 5 * wide + 3 * narrow)
         return max(_WORKING[train.remat] * rest, rest + peak)
     again = (n for t, p in train.placements.items() if p == "recompute" for n in PARTS[t])
     return everything + sum(stored(*found[n], tile) for n in again if n in found)

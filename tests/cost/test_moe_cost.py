@@ -9,7 +9,9 @@ import pytest
 
 from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
+from loadax_mesh.cost.memory import Shapes, working_bytes
 from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload.layout import roles
 
 # Every dim a whole number of TPU tiles (no padding): 2 MoE layers of 8 SwiGLU experts, 2 a token.
 SMALL_MOE = ModelSpec(
@@ -118,3 +120,26 @@ def test_choose_mesh_searches_an_expert_axis():
     # meshes with experts over an expert axis are searched and priced beside fsdp alone
     assert any(c.plan.shape["expert"] > 1 for c in ranked)
     assert any(c.estimate.axes["expert"].bytes > 0 for c in ranked)
+
+
+def test_expert_backward_holds_the_input_gradients_beside_narrow_experts():
+    """The MoE layer's backward peaks at the larger of two points: the SwiGLU's backward (2
+    d_model-wide buffers, 4 expert-wide) and the input's gradient (5 d_model-wide: the input
+    rows, the output's gradient, the input's gradient through gate, through up and their sum;
+    3 expert-wide). Narrow experts (DeepSeek's) peak at the second, wide ones at the first:
+    widening the experts adds 3 expert-wide buffers' growth, then 4."""
+    p = plan()
+    r = roles(tuple(p.shape.items()), p.batch_axis_names)
+    train = TrainSpec(global_batch=8, remat="full")
+
+    def work(width: int) -> int:
+        model = replace(SMALL_MOE, moe_d_ff=width)
+        return working_bytes(
+            model, train, Shapes.of(model, train, r), r, (8, 128), "splash", moe=True
+        )
+
+    # A device routes 1 row x 128 tokens; over expert=4 its buffer holds 4 x 128 x min(2, 2)
+    # rows; an expert-wide buffer is rows x width in bfloat16, a d_model-wide one rows x 1024.
+    rows = 4 * S * K
+    assert work(512) - work(256) == 3 * rows * 256 * 2  # below 3 x d_model: the input's gradient
+    assert work(8192) - work(4096) == 4 * rows * 4096 * 2  # above: the SwiGLU's backward
