@@ -49,6 +49,7 @@ from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from .memory import shard_bytes
 from .moe import MoeShapes, moe_intermediates
 from .moe_time import dispatch_einsums, permute_seconds
+from .saved import recomputed as recomputed_ops
 
 # FLOPs per causal query-key pair and unit of head_dim, forward and backward, by the platform's
 # fused kernel (the kernels' own matmuls; see compiler/roofline.py): splash's backward pass
@@ -146,7 +147,7 @@ def step_time(
         return max(pairs * heads * head_width * flops_per_pair / rate, kernel_bytes / hbm)
 
     placed = train.placements
-    recomputed = [op for op in projections if placed[op] == "recompute"]
+    recomputed = [op for op in recomputed_ops(train) if op in projections]
     attention_again = placed["attention_out"] == "recompute"
     layer_fwd = sum(projections.values())
     # Each matmul runs three times (forward; backward for the input's gradient and the
@@ -182,7 +183,8 @@ def step_time(
         )
         moe_fwd = sum(mixed.values())
         matmuls = (layers - moe) * (3 * layer_fwd + sum(projections[op] for op in recomputed))
-        matmuls += moe * (3 * moe_fwd + sum(mixed[op] for op in recomputed) + routing)
+        again_moe = [op for op in recomputed_ops(train, moe=True) if op in mixed]
+        matmuls += moe * (3 * moe_fwd + sum(mixed[op] for op in again_moe) + routing)
         layer_fwd = ((layers - moe) * layer_fwd + moe * (moe_fwd + routing_fwd)) / layers
     head = matmul(d_model, vocab)
     chunked = train.logits_chunks > 1  # each chunk's logits recomputed in the backward pass
@@ -201,9 +203,9 @@ def step_time(
         fwd_moe, bwd_moe = (
             n * act for n in _moe_elementwise(model, train, roles, stream, q_width, kv_width)
         )
-        again_moe = fwd_moe if recomputed or attention_again else 0
+        moe_again = fwd_moe if recomputed or attention_again else 0
         per_token = (layers - moe) * (elementwise_fwd + elementwise_bwd + again) + loss
-        per_token += moe * (fwd_moe + bwd_moe + again_moe)
+        per_token += moe * (fwd_moe + bwd_moe + moe_again)
         shard = float(shard_bytes(model, roles, 1, None))  # experts over the expert axis too
     update = shard * _update_bytes(train)
     memory = (micro * tokens * per_token + update) / hbm + micro * moe * permute
