@@ -47,6 +47,16 @@ MOE_SMALL = (
     "seq_len=1024"
 )
 MIXTRAL = "mixtral-8x7b:seq_len=4096"
+# DeepSeek-V3's layers shrunk the same way: a dense layer then a MoE layer, latent attention
+# with its own head dims (8 heads of 128 + 64, values 128) and smaller ranks, 32 experts of
+# width 512, 8 a token, a shared one; a vocabulary of 32768, so that the layers, not the
+# logits, set the peak
+MLA_SMALL = (
+    "deepseek-v3:num_layers=2,first_dense_layers=1,d_model=1024,d_ff=2048,num_heads=8,"
+    "num_kv_heads=8,q_lora_rank=512,kv_lora_rank=256,num_experts=32,experts_per_token=8,"
+    "moe_d_ff=512,vocab_size=32768,seq_len=1024"
+)
+DEEPSEEK_RECIPE = "layer_input=offload,out_proj=offload"
 CASES: list[tuple[Any, ...]] = [
     ("tpu-v5litepod-8", "fsdp", "tiny", 64, "full"),
     ("tpu-v5litepod-8", "fsdp_tp", "tiny", 64, "dots"),
@@ -112,6 +122,14 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v5p-128", "fsdp_ep:expert=8", MIXTRAL, 256, "full"),
     ("tpu-v5p-128", "fsdp", MIXTRAL, 256, "full"),
     ("gpu-p5.48xlarge-16", "fsdp_ep", MIXTRAL, 32, "full"),
+    # DeepSeek-V3's shrunk: experts on fsdp (its published recipe's layout) under full remat
+    # and under its recipe's offload, and over an expert axis
+    ("tpu-v5p-16", "fsdp", MLA_SMALL, 32, "full"),
+    ("tpu-v5p-16", "fsdp", MLA_SMALL, 32, DEEPSEEK_RECIPE),
+    ("tpu-v5p-16", "fsdp_ep", MLA_SMALL, 32, "full"),
+    # choose_mesh's DeepSeek-V3 pick on v5p-1024 at full width, 4 layers (3 dense, 1 MoE):
+    # fsdp 512 as the published recipe, the 256 experts' d_model over it
+    ("tpu-v5p-1024", "fsdp", "deepseek-v3:num_layers=4", 3072, "offload"),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 

@@ -29,9 +29,8 @@ from ..hardware.strings import simulate_devices
 from ..plan import MeshPlan, plan_config
 from ..shapes import HybridMeshShape
 from ..workload.layout import ROLE_NAMES, Roles, check_fit, check_modelled, roles
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ..workload.spec import ModelSpec, TrainSpec
 from .estimate import Estimate, estimate_parts, holds_tables
-from .memory import shard_bytes
 from .recipes import RECIPE_FIELDS, Recipe, check_recipes, divisors, fitting_recipes
 
 AXES = ("data", "fsdp", "seq", "model")
@@ -147,7 +146,8 @@ def choose_mesh(
             searched (the message gives the smallest need).
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
-    check_modelled(model, experts=True)  # else each mesh's refusal would read as "fits no mesh"
+    # else each mesh's refusal would read as "fits no mesh"
+    check_modelled(model, experts=True, latent=True)
     if axes is None:
         axes = MOE_AXES if model.num_experts else AXES
     names = _check_axes(axes, top)
@@ -162,7 +162,7 @@ def choose_mesh(
     ranking = Ranking()
     candidates: list[_Candidate] = []
     smallest: int | None = None  # the least memory a mesh needs where none fits
-    skipped: list[tuple[int, Roles, tuple[int, ...]]] = []  # meshes over their floor (`_floor`)
+    unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
     fits = f"{1 - headroom:.0%} of memory"
     batch_ok = False
     for sizes in _factorisations(n, len(names)):
@@ -176,14 +176,6 @@ def choose_mesh(
             _count(ranking.pruned, "the model or batch does not divide", splits)
             continue
         batch_ok = True
-        floor = _floor(model, train, r, facts)
-        if floor > facts.hbm_bytes * (1 - headroom):  # no recipe can fit: skip the search
-            skipped.append((floor, r, sizes))
-            for dcn in _dcn_splits(sizes, granules):  # counted as the search would count them
-                ranking.considered += 1
-                reason = _ACROSS if _across(names, r, dcn) else f"no recipe fits in {fits}"
-                _count(ranking.pruned, reason, 1)
-            continue
         # the recipes that fit, and the least memory of those that do not, by whether the
         # split holds the embedding tables for a reduction across granules (memory depends on
         # nothing else of the split)
@@ -202,6 +194,8 @@ def choose_mesh(
             if not recipes_here:
                 if least is not None:
                     smallest = least if smallest is None else min(smallest, least)
+                else:
+                    unpriced.append((r, held))
                 _count(ranking.pruned, f"no recipe fits in {fits}", 1)
                 continue
             bound = _fastest(model, r, factors, {}, facts, recipes_here).key  # perfect rings
@@ -213,15 +207,10 @@ def choose_mesh(
             "multiple of some batch-axes product"
         )
     if not candidates:
-        # a mesh skipped by its floor needs at least that much: priced where it may be the least
-        for floor, r, sizes in skipped:
-            for dcn in _dcn_splits(sizes, granules) if smallest is None or floor < smallest else ():
-                if not _across(names, r, dcn):
-                    factors = {a: (s // d, d) for a, s, d in zip(names, sizes, dcn, strict=True)}
-                    held = holds_tables(facts, r, factors)
-                    least = fitting_recipes(model, train, wanted, r, facts, held, headroom)[1]
-                    if least is not None:
-                        smallest = least if smallest is None else min(smallest, least)
+        for r, held in unpriced:  # priced now, for the message's smallest need
+            least = fitting_recipes(model, train, wanted, r, facts, held, headroom, floor=False)[1]
+            if least is not None:
+                smallest = least if smallest is None else min(smallest, least)
         needed = "" if smallest is None else f" the smallest needs {smallest / 1e9:.2f} GB"
         raise MeshConfigError(
             f"model {model.name!r} with global batch {train.global_batch} fits no mesh of "
@@ -249,16 +238,6 @@ def _across(names: tuple[str, ...], r: Roles, dcn: tuple[int, ...]) -> bool:
     """Whether a split puts a tensor or sequence axis across granules (pruned: its collectives
     would be exposed over DCN)."""
     return any(d > 1 and a in (r.model, r.seq) for a, d in zip(names, dcn, strict=True))
-
-
-def _floor(model: ModelSpec, train: TrainSpec, r: Roles, facts: DeviceFacts) -> int:
-    """Memory every recipe holds on this mesh in every phase (memory.PHASES): the parameter
-    shards, Adam's two moments and the gradient shards; a mesh whose floor exceeds the memory
-    fits no recipe."""
-    params, moment = (dtype_bytes(d) for d in (train.param_dtype, train.opt_state_dtype))
-    return 2 * shard_bytes(model, r, params, facts.tile) + 2 * shard_bytes(
-        model, r, moment, facts.tile
-    )
 
 
 def _fastest(

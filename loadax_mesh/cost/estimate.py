@@ -19,6 +19,7 @@ from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
+from . import mla
 from .memory import Shapes, host_bytes, memory_terms, phases
 from .moe import expert_rows, moe_op_flops
 from .saved import recomputed
@@ -230,10 +231,12 @@ def estimate_parts(
 def op_flops(model: ModelSpec) -> dict[str, float]:
     """FLOPs per token of the op producing each named tensor of a layer (2 per weight; causal
     attention: half of 4 * seq * heads * head_dim; the MLP's input: SwiGLU's gate and up, or a
-    two-matrix MLP's up); norms, rotary and activations count 0."""
+    two-matrix MLP's up); norms, rotary and activations count 0. Latent attention's ops:
+    cost/mla.py."""
     d, hd, f = model.d_model, model.head_dim, model.d_ff
     inputs = 2 if model.mlp == "swiglu" else 1
     h, kv = model.num_heads, model.num_kv_heads
+    latent = mla.op_flops(model) if model.attention == "mla" else {}
     return {
         "layer_input": 0.0,
         "query": 2.0 * d * h * hd,
@@ -243,7 +246,7 @@ def op_flops(model: ModelSpec) -> dict[str, float]:
         "out_proj": 2.0 * h * hd * d,
         "mlp_in": 2.0 * inputs * d * f,
         "mlp_out": 2.0 * f * d,
-    }
+    } | latent
 
 
 def step_flops(

@@ -27,6 +27,7 @@ from functools import lru_cache, partial
 from ..hardware.profile import DeviceFacts, attention_kernel
 from ..workload.layout import Roles, param_shapes, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from . import mla
 from .moe import MOE_NAMES, dense_layer_weights, moe_intermediates, moe_layer_weights
 from .saved import PARTS, kept
 from .sublayer import counted_per_sublayer, recomputed_working
@@ -99,7 +100,7 @@ def shard_bytes(model: ModelSpec, roles: Roles, nbytes: int, tile: tuple[int, in
 
 def layer_weights(model: ModelSpec, m: int) -> int:
     """One layer's weights on one device once gathered over FSDP (elements)."""
-    return (model.layer_params - 2 * model.d_model) // m
+    return mla.attention_weights(model, m) + model.mlp_params(model.d_ff) // m
 
 
 def _intermediates(
@@ -107,7 +108,8 @@ def _intermediates(
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """One layer's forward intermediates on one device: name -> (shape, bytes per element);
     `splash`: attention is TPU's splash kernel; `moe`: a MoE layer (its block's intermediates
-    in place of the dense MLP's, its output `down` as a dense layer's)."""
+    in place of the dense MLP's, its output `down` as a dense layer's); latent attention's
+    differ from GQA's as cost/mla.py says."""
     cd = dtype_bytes(train.compute_dtype)
     r, s, hd = sh.micro_rows, sh.seq, model.head_dim
     # The residual stream (the layer's input, its norms and its two outputs) has its hidden
@@ -151,6 +153,8 @@ def _intermediates(
         widths = (_LANES, _LANES, hd, hd, hd, hd)
         blocks = (bq, bq, bq, bq, bkv, bkv)
         found |= {n: ((r, b, w), 4) for n, b, w in zip(_SCRATCH, blocks, widths, strict=True)}
+    if model.attention == "mla":
+        found = mla.intermediates(model, found, cd)
     if moe:
         found = {n: v for n, v in found.items() if n not in ("gate", "up", "gated", "activated")}
         found |= moe_intermediates(model, train, roles, r, s)
@@ -295,16 +299,19 @@ def _moe_layers(
 ) -> tuple[int, int]:
     """A model with MoE layers: (what its dense and MoE layers save, the larger of the two
     kinds' layer-loop terms: one layer's weights gathered and its backward pass's working set).
-    A dense layer's weights count three times (see memory_terms); a MoE layer's (its attention,
-    router and shared experts, and its routed experts as cost/moe.py gathers them) twice: the
-    block gathers them inside its shard_map, where the compiler prefetches no next layer's,
-    so its backward pass holds them and their gradient before it is reduced (the compiled
-    v5p-16 steps of benchmarks/bench_cost.py's MoE cases)."""
+    A dense layer's weights count three times (see memory_terms); a MoE layer's attention,
+    router and shared experts twice: the compiler prefetches no next layer's past the block's
+    shard_map, so its backward pass holds them and their gradient before it is reduced. Its
+    routed experts, as cost/moe.py gathers them, count once: each matrix's gradient leaves as
+    the backward produces it (the compiled v5p-16 steps of benchmarks/bench_cost.py's MoE
+    cases, and DeepSeek-V3 at full width on v5p-1024, where the 22.5 GB of experts gathered
+    counted twice overstate libtpu's assignment by half: benchmarks/RESULTS.md)."""
     cd = dtype_bytes(train.compute_dtype)
     dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
     saved = partial(layer_bytes, model, train, sh, roles, tile, kernel, saved=True)
     work = partial(working_bytes, model, train, sh, roles, tile, kernel)
-    layer = 2 * sum(moe_layer_weights(model, roles)) * cd + work(moe=True)
+    shared, experts = moe_layer_weights(model, roles)
+    layer = (2 * shared + experts) * cd + work(moe=True)
     if dense:
         weights = dense_layer_weights(model, roles.size("model")) * cd
         layer = max(layer, 3 * weights + work())
@@ -355,6 +362,14 @@ def _fixed_terms(
         # they wait for the reduction across slices. Tied: the one table and its gradient.
         ("embeddings", (4 if held_tables and not model.tied_embeddings else 2) * table),
     )
+
+
+def weights_floor(model: ModelSpec, train: TrainSpec, roles: Roles, device: DeviceFacts) -> int:
+    """Bytes every phase holds whatever the recipe: parameters, optimizer state, gradients."""
+    dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
+    held = device.traits.holds_reduced_gradients
+    terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, False))
+    return terms["params"] + terms["optimizer"] + terms["gradients"]
 
 
 PHASES = {

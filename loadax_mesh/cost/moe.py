@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from .mla import attention_weights
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ MOE_NAMES = (
 def dense_layer_weights(model: ModelSpec, m: int) -> int:
     """A dense layer's weights on one device once gathered over FSDP (elements): its attention
     and MLP, the norms not gathered (memory.layer_weights for a dense model)."""
-    return (model.attention_params + model.mlp_params(model.d_ff)) // m
+    return attention_weights(model, m) + model.mlp_params(model.d_ff) // m
 
 
 def moe_layer_weights(model: ModelSpec, roles: Roles) -> tuple[int, int]:
@@ -138,7 +139,7 @@ def moe_layer_weights(model: ModelSpec, roles: Roles) -> tuple[int, int]:
     with an expert axis of size P, else all E, each cut over the tensor axis)."""
     m = roles.size("model")
     shared = model.num_shared_experts * model.mlp_params(model.moe_d_ff)
-    dense = model.attention_params // m + model.d_model * model.num_experts + shared // m
+    dense = attention_weights(model, m) + model.d_model * model.num_experts + shared // m
     experts = model.num_experts // roles.size("expert") * model.mlp_params(model.moe_d_ff) // m
     return dense, experts
 

@@ -18,15 +18,18 @@ from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles, check_fit
 from ..workload.spec import ModelSpec, TrainSpec
-from .memory import host_bytes, memory_terms, phases
+from .memory import host_bytes, memory_terms, phases, weights_floor
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
-# host memory (docs/facts/production_runs.md).
+# host memory (docs/facts/production_runs.md); as its DeepSeek-V3 run sets it, the layer input
+# and the output projection (docs/facts/moe_runs.md, M11: latent attention's q, k and v are too
+# wide to offload).
 RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks")
 MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
+MAXTEXT_MOE_OFFLOAD = {t: "offload" for t in ("layer_input", "out_proj")}
 REMATS: tuple[str | dict[str, str], ...] = (
-    "none", "dots_attention", "dots", "full", "offload", MAXTEXT_OFFLOAD,
+    "none", "dots_attention", "dots", "full", "offload", MAXTEXT_OFFLOAD, MAXTEXT_MOE_OFFLOAD,
 )  # fmt: skip
 LOGITS_CHUNKS = (1, 4, 16)
 Remat = str | tuple[tuple[str, str], ...]  # a remat as TrainSpec takes it, hashable
@@ -72,15 +75,21 @@ def fitting_recipes(
     facts: DeviceFacts,
     batch_across_granules: bool,
     headroom: float,
+    *,
+    floor: bool = True,
 ) -> tuple[list[Recipe], int | None]:
     """The recipes that fit this mesh (each with its memory terms), and the least device
     memory of those that do not (for the error when none fits). Memory falls as micro-batches
     grow, so the fewest that fit are found by bisection; logits chunks change only the logits
     term, so each remat and micro-batch count is priced once for every chunk count.
-    `batch_across_granules`: memory.memory_terms's (estimate.holds_tables)."""
+    `batch_across_granules`: memory.memory_terms's (estimate.holds_tables). `floor`: a mesh
+    whose parameters, optimizer state and gradients alone (held in every phase, whatever the
+    recipe) exceed the limit gets no recipe and no least at once (most meshes of a large MoE)."""
     out: list[Recipe] = []
     least: list[int] = []  # the peak memory of each recipe that does not fit
     limit = facts.hbm_bytes * (1 - headroom)
+    if floor and weights_floor(model, train, r, facts) > limit:
+        return [], None
     host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
     offloads = facts.host_memory_bytes is not None and facts.host_link_bandwidth is not None
     priced: dict[tuple[Remat, int], dict[str, int] | None] = {}  # (remat, M) -> terms at C = 1

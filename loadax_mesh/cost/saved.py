@@ -5,6 +5,7 @@ is, and, with no checkpoint at all, what jax's autodiff itself saves (cost/memor
 from __future__ import annotations
 
 from ..workload.spec import TrainSpec
+from . import mla
 from .moe import moe_residuals
 
 # The intermediates each named tensor of a layer (workload.spec.TENSORS) is, as the step names
@@ -79,10 +80,12 @@ def residuals(
     compiler's buffers show them (LLaMA-3 70B, v5p-1024, fsdp 128 x seq 4: six [layers, rows,
     seq, d_ff] stacks, four float32 [.., d_model], two compute-dtype [.., d_model])."""
     f32: tuple[tuple[int, ...], int] = (found["input"][0], 4)
-    kv = ("gathered k", "gathered v") if "gathered k" in found else ("rotated k", "v")
+    key = "rotated k" if "rotated k" in found else "k"  # latent attention's k is rotated
+    kv = ("gathered k", "gathered v") if "gathered k" in found else (key, "v")
     names = ["attention norm input", "attention norm", "mlp norm input", "mlp norm"]
     names += ["rotated q", *kv, "attention"]
     extra: dict[str, tuple[tuple[int, ...], int]] = {"attention normed": f32, "mlp normed": f32}
+    extra |= mla.residuals(found)
     if "up" not in found:  # a MoE layer: its block's residuals
         extra |= moe_residuals(found)
     elif mlp_kind == "swiglu":

@@ -46,7 +46,8 @@ def recomputed_working(
     cd = dtype_bytes(compute_dtype)
     mlp_weights = model.mlp_params(model.d_ff) // m * cd
     attention_weights = (model.layer_params - 2 * model.d_model) // m * cd - mlp_weights
-    kv = ("gathered k", "gathered v") if "gathered k" in sizes else ("rotated k", "v")
+    key = "rotated k" if "rotated k" in sizes else "k"  # latent attention's k is rotated
+    kv = ("gathered k", "gathered v") if "gathered k" in sizes else (key, "v")
     residuals = size(("rotated q", *kv, "attention", "attention logsumexp", "scores"))
     residuals += size(("probabilities",))
     stream = 2 * size(("input",))

@@ -46,15 +46,18 @@ from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts, Platform
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from . import mla
 from .memory import shard_bytes
 from .moe import MoeShapes, moe_intermediates
 from .moe_time import dispatch_einsums, permute_seconds
 from .saved import recomputed as recomputed_ops
 
-# FLOPs per causal query-key pair and unit of head_dim, forward and backward, by the platform's
-# fused kernel (the kernels' own matmuls; see compiler/roofline.py): splash's backward pass
-# recomputes more than cuDNN's, whose count other kernels take.
-_ATTENTION = {"splash": (4, 14), "cudnn": (4, 10)}
+# FLOPs per causal query-key pair, forward and backward, by the platform's fused kernel (the
+# kernels' own matmuls; see compiler/roofline.py), as (per unit of the query/key head_dim, per
+# unit of the value's): forward QK^T and PV; splash's backward recomputes QK^T in its dq and
+# its dkv kernel and dO V^T in both (4 + 4 per pair and head_dim when the two are alike, 14 in
+# all), cuDNN's once (10), whose count other kernels take.
+_ATTENTION = {"splash": ((2, 2), (8, 6)), "cudnn": ((2, 2), (6, 4))}
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,11 @@ def step_time(
     heads, kv_heads = model.num_heads // tensor, model.num_kv_heads // tensor
     d_ff, vocab = model.d_ff // tensor, model.vocab_size // tensor
     stream = d_model // tensor  # the residual stream's hidden dim is cut over the tensor axis
-    q_width, kv_width = heads * head_dim, kv_heads * head_dim  # of q (and the output), k, v
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim  # of q and k
+    latent = model.attention == "mla"
+    v_dim = model.v_head_dim if latent else head_dim  # of v and the attention's output
+    # what rotary positions rotate per token: q and k, or latent attention's rope parts
+    rotated = (heads * model.qk_rope_head_dim, model.qk_rope_head_dim) if latent else None
 
     def matmul(k: int, n: int) -> float:
         """[tokens, k] x [k, n]: its FLOPs at `rate` (the contraction and output dims padded to
@@ -133,18 +140,23 @@ def step_time(
         "mlp_in": inputs * matmul(d_model, d_ff),
         "mlp_out": matmul(d_ff, d_model),
     }
+    if latent:
+        projections |= mla.projections(model, tensor, matmul)
     fwd_pair, bwd_pair = _ATTENTION.get(facts.traits.fused_attention, _ATTENTION["cudnn"])
     # causal query-key pairs of a micro-batch's rows on this device's share of the sequence
     pairs = rows // micro * _causal_pairs(model.seq_len) / roles.size("seq")
-    kernel_bytes = tokens * (2 * q_width + 2 * kv_width) * act  # q, k, v read, output written
+    # q, k, v read, output written
+    kernel_bytes = tokens * (q_width + kv_width + (kv_heads + heads) * v_dim) * act
 
     # Each of the kernel's matmuls has head_dim as its contraction (QK^T) or output (PV, dQ, dK,
     # dV) dim: a head narrower than the matrix unit leaves the rest of it idle.
-    head_width = _whole(head_dim, max(rows_unit, cols_unit))
+    unit = max(rows_unit, cols_unit)
+    head_width, v_width = _whole(head_dim, unit), _whole(v_dim, unit)
 
-    def attention(flops_per_pair: int) -> float:
+    def attention(per_pair: tuple[int, int]) -> float:
         """One pass of the flash kernel: its FLOPs over the pairs, or its operands' bytes."""
-        return max(pairs * heads * head_width * flops_per_pair / rate, kernel_bytes / hbm)
+        flops = pairs * heads * (per_pair[0] * head_width + per_pair[1] * v_width)
+        return max(flops / rate, kernel_bytes / hbm)
 
     placed = train.placements
     recomputed = [op for op in recomputed_ops(train) if op in projections]
@@ -193,7 +205,10 @@ def step_time(
 
     # Memory-bound operations at HBM bandwidth: a layer's bytes per token, each pass, and the
     # loss's; the optimizer's update per parameter.
-    fwd_elements, bwd_elements = _layer_elementwise(stream, q_width, kv_width, d_ff, model.mlp)
+    rot_q, rot_k = rotated or (q_width, kv_width)
+    extra_fwd, extra_bwd = mla.elementwise(model, tensor) if latent else (0, 0)
+    fwd_elements, bwd_elements = _layer_elementwise(stream, rot_q, rot_k, d_ff, model.mlp)
+    fwd_elements, bwd_elements = fwd_elements + extra_fwd, bwd_elements + extra_bwd
     elementwise_fwd, elementwise_bwd = fwd_elements * act, bwd_elements * act
     again = elementwise_fwd if recomputed or attention_again else 0  # the forward recomputed
     loss = _logits_accesses(chunked) * vocab * act
@@ -201,7 +216,12 @@ def step_time(
     shard = model.num_params / (roles.size("fsdp") * tensor)  # parameters this device updates
     if moe:
         fwd_moe, bwd_moe = (
-            n * act for n in _moe_elementwise(model, train, roles, stream, q_width, kv_width)
+            (n + extra) * act
+            for n, extra in zip(
+                _moe_elementwise(model, train, roles, stream, rot_q, rot_k),
+                (extra_fwd, extra_bwd),
+                strict=True,
+            )
         )
         moe_again = fwd_moe if recomputed or attention_again else 0
         per_token = (layers - moe) * (elementwise_fwd + elementwise_bwd + again) + loss

@@ -40,6 +40,8 @@ device and per step. What each role's axis carries:
   norm's output (the recompute's, or for the weight gradients: one sync all-gather, one
   windowed), and one reduce-scatter of each pass runs as a windowed (collective) matmul. The
   forward pass's two gathers and the recompute's wait; so do the other reduce-scatters.
+  Latent attention's bottlenecks are whole on every device of it: their gradients, partial
+  sums over the heads, are all-reduced per layer.
 - Sequence: per layer keys and values gathered along the sequence (forward, and again for a
   full-remat recompute) and their gradients reduce-scattered.
 An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase; the time
@@ -174,10 +176,16 @@ def collectives(
                 Collective(t, "reduce-scatter", "windowed-matmul reductions", activation,
                            hidden[1] * M, True),
             ]  # fmt: skip
+        if model.attention == "mla":  # the bottlenecks' gradients, partial over the heads
+            ranks = sh.micro_rows * sh.seq * (model.q_lora_rank + model.kv_lora_rank) * cd
+            found.append(
+                Collective(roles.model, "all-reduce", "latent gradients", ranks, L * M, False)
+            )
     if model.num_experts:
         found += exchanges(model, train, roles)
     if roles.seq is not None and roles.size("seq") > 1:
-        kv = 2 * sh.micro_rows * model.seq_len * sh.kv_heads * model.head_dim * cd
+        v_dim = model.v_head_dim if model.attention == "mla" else model.head_dim
+        kv = sh.micro_rows * model.seq_len * sh.kv_heads * (model.head_dim + v_dim) * cd
         found += [
             Collective(
                 roles.seq, "all-gather", "keys and values", kv, L * (1 + kv_again) * M, False

@@ -4,7 +4,8 @@
 axis, query blocks over the sequence axis, keys and values gathered along the sequence); on GPU
 `jax.nn.dot_product_attention` with cuDNN; elsewhere the same function's XLA path. `plain`:
 the score matrix written out in float32. q is [batch, seq, heads, head_dim], k and v
-[batch, seq, kv_heads, head_dim]; the result has q's shape.
+[batch, seq, kv_heads, head_dim] (v's head_dim may be narrower: latent attention's); the result
+has q's shape with v's head_dim.
 """
 
 from __future__ import annotations
@@ -30,9 +31,15 @@ def attention(
     k, v = (jax.lax.with_sharding_constraint(a, kv) for a in (k, v))
     if runs == "plain":
         return _plain(q, k, v)
+    # jax's function takes values as wide as the keys: latent attention's narrower values are
+    # padded with zeros, which add zero columns to the output, cut off again.
+    width = v.shape[-1]
+    v = jnp.pad(v, ((0, 0),) * 3 + ((0, q.shape[-1] - width),))
     if runs == "cudnn":
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+    else:
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return out[..., :width]
 
 
 def _plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -43,7 +50,7 @@ def _plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     causal = jnp.tril(jnp.ones((s, s), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    return jnp.einsum("bkgqs,bskd->bqkgd", weights, v).reshape(b, s, h, d)
+    return jnp.einsum("bkgqs,bskd->bqkgd", weights, v).reshape(b, s, h, v.shape[-1])
 
 
 def _splash(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, r: Roles) -> jax.Array:

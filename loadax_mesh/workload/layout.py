@@ -3,14 +3,14 @@ rules that map logical axes to the plan's mesh axes. Pure Python: the cost model
 
 Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis (and the expert axis, which
 acts as FSDP outside the experts, as in MaxText); `heads`, `kv_heads`, `mlp` and `vocab` -> the
-tensor-parallel axis; `exp` (the expert dim of MoE weights) -> the expert axis; `embed_no_exp`
-(the d_model dim of expert weights) -> the FSDP axis, as MaxText's rules shard them (without an
-expert axis the experts sit on fsdp by their d_model, which divides where the expert count need
-not: Mixtral's 8 experts over fsdp 64). Activations: `batch` -> the batch axes, `seq` -> the
-sequence axis, `hidden` (the d_model dim of the residual stream between the layer's blocks) ->
-the tensor-parallel axis, as MaxText's `activation_embed` shards it: what a layer saves of it
-is cut by the tensor degree too. Axes are recognised by name (ROLE_NAMES); batch axes are the
-plan's.
+tensor-parallel axis; `lora` (latent attention's ranks) as `embed`; `exp` (the expert dim of MoE
+weights) -> the expert axis; `embed_no_exp` (the d_model dim of expert weights) -> the FSDP axis,
+as MaxText's rules shard them (without an expert axis the experts sit on fsdp by their d_model,
+which divides where the expert count need not: Mixtral's 8 experts over fsdp 64, DeepSeek-V3's
+256 over fsdp 512). Activations: `batch` -> the batch axes, `seq` -> the sequence axis, `hidden`
+(the d_model dim of the residual stream between the layer's blocks) -> the tensor-parallel axis,
+as MaxText's `activation_embed` shards it: what a layer saves of it is cut by the tensor degree
+too. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class Roles:
         embed = tuple(a for a in (self.fsdp, self.expert) if a is not None)
         table: dict[str, str | tuple[str, ...] | None] = {
             "embed": embed[0] if len(embed) == 1 else (embed or None),
+            "lora": embed[0] if len(embed) == 1 else (embed or None),
             "exp": self.expert,
             "embed_no_exp": self.fsdp,
             "heads": self.model,
@@ -110,7 +111,8 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
             "axis splits the batch as FSDP does outside the experts; accepted: batch axes that "
             "include it"
         )
-    return Roles(sizes, tuple(a for a, _ in sizes if a in batch_axes), **found)
+    batch = tuple(a for a, _ in sizes if a in batch_axes)
+    return Roles(sizes, batch, found["fsdp"], found["model"], found["seq"], found["expert"])
 
 
 SPLASH_BLOCK = 512  # splash-attention block size (MaxText's default), or the sequence if shorter
@@ -129,20 +131,27 @@ MODELLED = (("num_experts", 0), ("attention", "gqa"))
 
 
 def check_modelled(
-    model: ModelSpec, by: str = "the reference step and the cost model", *, experts: bool = False
+    model: ModelSpec,
+    by: str = "the reference step and the cost model",
+    *,
+    experts: bool = False,
+    latent: bool = False,
 ) -> None:
     """A MeshConfigError for a model whose layers `by` do not build yet (experts, latent
     attention): refused, not priced or compiled as a model it is not. `experts`: `by` builds
-    MoE layers (the reference step does, moe.py: GQA and SwiGLU experts; the cost model prices
-    them, cost/moe.py)."""
+    MoE layers (the reference step does, moe.py: SwiGLU experts; the cost model prices them,
+    cost/moe.py); `latent`: `by` builds multi-head latent attention (the step, step.py's
+    `_latent_qkv`; the cost model, cost/mla.py)."""
     accepted = ", ".join(f"{f}={v!r}" for f, v in MODELLED)
+    built_too = {"num_experts": experts, "attention": latent}
     for field, built in MODELLED:
         value = getattr(model, field)
-        if value != built and not (experts and field == "num_experts"):
+        if value != built and not built_too[field]:
             raise MeshConfigError(
                 f"model {model.name!r}: {field}={value!r} is not modelled yet by {by}; "
                 f"accepted: dense GQA models ({accepted})"
                 + (", or such models with SwiGLU experts" if experts else "")
+                + (" or latent attention" if latent else "")
             )
     if experts and model.num_experts and model.mlp != "swiglu":
         raise MeshConfigError(
@@ -156,17 +165,15 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]
     (a scan runs over it): `layers/` the dense layers (all `num_layers` of a dense model),
     `moe_layers/` the MoE layers of a model with experts (`moe_param_shapes`). A two-matrix MLP
     has no gate; tied embeddings no unembedding."""
-    check_modelled(model, by="the reference step", experts=True)
+    check_modelled(model, by="the reference step", experts=True, latent=True)
     m = model
-    L, D, F, hd = m.num_layers - m.num_moe_layers, m.d_model, m.d_ff, m.head_dim
+    L, D, F = m.num_layers - m.num_moe_layers, m.d_model, m.d_ff
+    attention = {f"layers/{k}": ((L, *s), (None, *ax)) for k, (s, ax) in _attention(m).items()}
     shapes: dict[str, tuple[tuple[int, ...], Logical]] = {
         "embed": ((m.vocab_size, D), ("vocab", "embed")),
         "final_norm": ((D,), (None,)),
         "layers/attn_norm": ((L, D), (None, None)),
-        "layers/wq": ((L, D, m.num_heads, hd), (None, "embed", "heads", None)),
-        "layers/wk": ((L, D, m.num_kv_heads, hd), (None, "embed", "kv_heads", None)),
-        "layers/wv": ((L, D, m.num_kv_heads, hd), (None, "embed", "kv_heads", None)),
-        "layers/wo": ((L, m.num_heads, hd, D), (None, "heads", None, "embed")),
+        **attention,
         "layers/mlp_norm": ((L, D), (None, None)),
         **({"layers/w_gate": ((L, D, F), (None, "embed", "mlp"))} if m.mlp == "swiglu" else {}),
         "layers/w_up": ((L, D, F), (None, "embed", "mlp")),
@@ -179,8 +186,42 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]
     return {k: v for k, v in shapes.items() if L or not k.startswith("layers/")}
 
 
-# What a MoE layer shares with a dense one (the rest of its weights are moe_param_shapes').
-_ATTENTION_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm")
+def _attention(m: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]:
+    """One layer's attention weights. GQA: q, k, v and output projections. MLA (as MaxText
+    shards it): the query's down-projection to `q_lora_rank` and its norm, its up-projection to
+    every head's nope and rope parts (or, with rank 0, one full-rank projection); the keys' and
+    values' down-projection to `kv_lora_rank` plus the shared rope key, its norm, the
+    up-projection to every head's nope key and value; the output projection. The ranks are
+    sharded as d_model is (`lora`), replicated over the tensor axis; the heads over it."""
+    D, H = m.d_model, m.num_heads
+    if m.attention == "gqa":
+        hd, kv = m.head_dim, m.num_kv_heads
+        return {
+            "wq": ((D, H, hd), ("embed", "heads", None)),
+            "wk": ((D, kv, hd), ("embed", "kv_heads", None)),
+            "wv": ((D, kv, hd), ("embed", "kv_heads", None)),
+            "wo": ((H, hd, D), ("heads", None, "embed")),
+        }
+    q_rank, kv_rank = m.q_lora_rank, m.kv_lora_rank
+    query: dict[str, tuple[tuple[int, ...], Logical]] = (
+        {
+            "wq_a": ((D, q_rank), ("embed", None)),
+            "q_norm": ((q_rank,), (None,)),
+            "wq_b": ((q_rank, H, m.head_dim), ("lora", "heads", None)),
+        }
+        if q_rank
+        else {"wq": ((D, H, m.head_dim), ("embed", "heads", None))}
+    )
+    return query | {
+        "wkv_a": ((D, kv_rank + m.qk_rope_head_dim), ("embed", None)),
+        "kv_norm": ((kv_rank,), (None,)),
+        "wkv_b": ((kv_rank, H, m.qk_nope_head_dim + m.v_head_dim), ("lora", "heads", None)),
+        "wo": ((H, m.v_head_dim, D), ("heads", None, "embed")),
+    }
+
+
+# A dense layer's MLP weights: the rest of it a MoE layer shares (moe_param_shapes).
+_MLP_WEIGHTS = ("w_gate", "w_up", "w_down")
 
 
 def moe_param_shapes(
@@ -191,8 +232,9 @@ def moe_param_shapes(
     first) and the shared experts as one SwiGLU MLP of their summed width."""
     M, D, E, F = m.num_moe_layers, m.d_model, m.num_experts, m.moe_d_ff
     layer: dict[str, tuple[tuple[int, ...], Logical]] = {
-        name: (dense[f"layers/{name}"][0][1:], dense[f"layers/{name}"][1][1:])
-        for name in _ATTENTION_WEIGHTS
+        k.split("/", 1)[1]: (shape[1:], axes[1:])
+        for k, (shape, axes) in dense.items()
+        if k.startswith("layers/") and k.split("/", 1)[1] not in _MLP_WEIGHTS
     }
     layer.update(
         {
@@ -219,7 +261,7 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
     layers with SwiGLU experts included), every sharded dim divides by its axis, the global
     batch by the batch degree, and the recipe's slices by what they slice: micro-batches each
     device's rows, logits chunks each device's slice of the sequence."""
-    check_modelled(model, by="the reference step and the cost model", experts=True)
+    check_modelled(model, by="the reference step and the cost model", experts=True, latent=True)
     batch = r.size("batch")
     if train.global_batch % batch:
         raise MeshConfigError(
@@ -262,12 +304,17 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
                     f"{getattr(r, role)!r} of size {size}; accepted: a {role} axis whose size "
                     f"divides {field}"
                 )
-    if model.d_model % r.shards(("embed",)):
-        raise MeshConfigError(
-            f"model {model.name!r}: d_model={model.d_model} does not divide over the fsdp and "
-            f"expert axes together ({r.shards(('embed',))} shards); accepted: axes whose sizes' "
-            "product divides d_model"
-        )
+    sharded_as_d_model = ("d_model",) + (
+        ("q_lora_rank", "kv_lora_rank") if model.attention == "mla" else ()
+    )
+    for field in sharded_as_d_model:
+        value = getattr(model, field)
+        if value % r.shards(("embed",)):
+            raise MeshConfigError(
+                f"model {model.name!r}: {field}={value} does not divide over the fsdp and "
+                f"expert axes together ({r.shards(('embed',))} shards); accepted: axes whose "
+                f"sizes' product divides {field}"
+            )
     if model.num_experts and model.num_experts % r.size("expert"):
         raise MeshConfigError(
             f"model {model.name!r}: num_experts={model.num_experts} does not divide over the "

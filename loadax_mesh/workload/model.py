@@ -6,6 +6,7 @@ its source.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import KW_ONLY, MISSING, dataclass, fields
 from typing import Any
@@ -26,6 +27,7 @@ _DENSE_DEFAULTS: dict[str, Any] = {
     "first_dense_layers": 0,
     "moe_every": 1,
     "router": "softmax",
+    "routed_scaling": 1.0,
 }
 
 
@@ -51,7 +53,8 @@ class ModelSpec:
     two-matrix MLP, "relu" or "gelu". `num_experts` > 0 makes layers mixtures of experts:
     each token goes to `experts_per_token` of them (chosen by a "softmax" or "sigmoid"
     `router`), each expert an MLP of width `moe_d_ff`, plus `num_shared_experts` of that width
-    every token uses. The first `first_dense_layers` layers are dense (width `d_ff`); of the
+    every token uses; the routed experts' weighted sum is scaled by `routed_scaling`
+    (DeepSeek-V3: 2.5). The first `first_dense_layers` layers are dense (width `d_ff`); of the
     rest every `moe_every`-th is a MoE layer (counting from 0: first + moe_every - 1,
     first + 2 * moe_every - 1, ...), the others dense. `attention` "mla" is multi-head latent
     attention: queries through a rank `q_lora_rank` bottleneck (0: a full-rank projection),
@@ -85,6 +88,7 @@ class ModelSpec:
     first_dense_layers: int = 0
     moe_every: int = 1
     router: str = "softmax"
+    routed_scaling: float = 1.0
     attention: str = "gqa"
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -107,6 +111,11 @@ class ModelSpec:
         if not isinstance(self.tied_embeddings, bool):
             raise MeshConfigError(
                 f"{where}: tied_embeddings={self.tied_embeddings!r}; accepted: true or false"
+            )
+        scaling = self.routed_scaling
+        if type(scaling) not in (int, float) or not 0 < scaling < math.inf:
+            raise MeshConfigError(
+                f"{where}: routed_scaling={scaling!r}; accepted: a positive finite number"
             )
         for field, accepted in (("mlp", MLPS), ("router", ROUTERS), ("attention", ATTENTIONS)):
             if getattr(self, field) not in accepted:
@@ -157,6 +166,11 @@ class ModelSpec:
                 raise MeshConfigError(
                     f"{where}: {field}=0 with attention='mla'; accepted: a positive integer"
                 )
+        if self.qk_rope_head_dim % 2:
+            raise MeshConfigError(
+                f"{where}: qk_rope_head_dim={self.qk_rope_head_dim} with attention='mla'; "
+                "accepted: an even number (rotary positions rotate its two halves)"
+            )
         qk = self.qk_nope_head_dim + self.qk_rope_head_dim
         if self.head_dim != qk:
             raise MeshConfigError(

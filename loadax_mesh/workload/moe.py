@@ -4,7 +4,8 @@ of dense and MoE stacks, and the MoE block (router, top-k, dispatch, experts, co
 The block runs under `shard_map` over the whole mesh. Each device routes its own tokens (the
 batch over the batch axes, the sequence over the sequence axis): router logits in float32, a
 softmax or sigmoid, the top `experts_per_token`, weights renormalised over them (a sigmoid
-router with one expert per token keeps its raw score, as Llama 4 does). `routing="balanced"`
+router with one expert per token keeps its raw score, as Llama 4 does), times the model's
+`routed_scaling`. `routing="balanced"`
 sends token i (its index in the global batch, row-major) to experts (i * k + j) mod E, the
 router's scores still weighting them, so the router trains as published benchmark runs force
 balanced load. Token copies are sorted by expert; then:
@@ -156,6 +157,7 @@ def _local(
         cap = math.ceil(b * s * k / n * train.capacity_factor)
         out = _capacity(xs, sorted_experts, (w_gate, w_up, w_down), n, ep, exp, cap)
     out = out[_inverse(order)].reshape(b * s, k, d)
+    weights = weights * model.routed_scaling
     y = jnp.einsum("tkd,tk->td", out, weights.astype(x.dtype)).reshape(b, s, d)
     if mlp is not None:
         y = jax.lax.psum_scatter(y, mlp, scatter_dimension=2, tiled=True)

@@ -1,13 +1,13 @@
 """The reference training step in plain jax: a decoder-only LM (docs/design.md section 7).
 
-Embedding (one table for the logits too when tied), RMSNorm, grouped-query attention with a
-causal mask and rotary positions, an MLP (SwiGLU, or two matrices with ReLU or GELU between),
-layers under `lax.scan` with a remat policy, cross-entropy in float32, Adam, and the recipe of
-TrainSpec: each named tensor of a layer recomputed, saved on the device or offloaded to host
-memory; gradients accumulated over micro-batches; the loss over chunks. Parameters,
-Adam moments and activations are sharded by the logical rules of `layout`. Inputs can be
-`jax.ShapeDtypeStruct`s (to compile for thousands of devices without allocating) or real
-arrays (to train on this machine's devices).
+Embedding (one table for the logits too when tied), RMSNorm, grouped-query attention (or DeepSeek's
+multi-head latent attention) with a causal mask and rotary positions, an MLP (SwiGLU, or two
+matrices with ReLU or GELU between), layers under `lax.scan` with a remat policy, cross-entropy in
+float32, Adam, and the recipe of TrainSpec: each named tensor of a layer recomputed, saved on the
+device or offloaded to host memory; gradients accumulated over micro-batches; the loss over chunks.
+Parameters, Adam moments and activations are sharded by the logical rules of `layout`. Inputs can
+be `jax.ShapeDtypeStruct`s (to compile for thousands of devices without allocating) or real arrays
+(to train on this machine's devices).
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ class Step:
         m = self.model
         fan_in = {
             "w_down": m.d_ff,
-            "wo": m.num_heads * m.head_dim,
+            "wo": m.num_heads * (m.v_head_dim if m.attention == "mla" else m.head_dim),
+            "wq_b": m.q_lora_rank,
+            "wkv_b": m.kv_lora_rank,
             "we_down": m.moe_d_ff,
             "ws_down": m.num_shared_experts * m.moe_d_ff,
         }
@@ -220,12 +222,15 @@ class Step:
         # it (MaxText's decoder_layer_input); everything below reads the named value.
         x = checkpoint_name(x, "layer_input")
         h = _rms_norm(x, p["attn_norm"])
-        q, k, v = (
-            checkpoint_name(jnp.einsum("bsd,dhk->bshk", h, p[w].astype(cdt)), name)
-            for w, name in (("wq", "query"), ("wk", "key"), ("wv", "value"))
-        )
-        sin, cos = _rotary(self.model.seq_len, self.model.head_dim)
-        q, k = _rotate(q, sin, cos), _rotate(k, sin, cos)
+        if self.model.attention == "mla":
+            q, k, v = self._latent_qkv(h, p)
+        else:
+            q, k, v = (
+                checkpoint_name(jnp.einsum("bsd,dhk->bshk", h, p[w].astype(cdt)), name)
+                for w, name in (("wq", "query"), ("wk", "key"), ("wv", "value"))
+            )
+            sin, cos = _rotary(self.model.seq_len, self.model.head_dim)
+            q, k = _rotate(q, sin, cos), _rotate(k, sin, cos)
         o = attention(q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles)
         o = checkpoint_name(o, "attention_out")
         out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
@@ -246,6 +251,31 @@ class Step:
         down = jnp.einsum("bsf,fd->bsd", hidden, p["w_down"].astype(cdt))
         x = x + checkpoint_name(down, "mlp_out")
         return jax.lax.with_sharding_constraint(x, act), None
+
+    def _latent_qkv(self, h: jax.Array, p: Params) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Multi-head latent attention's q, k and v from the normed residual `h`: the query
+        through its normed low-rank bottleneck (or one full-rank projection) to every head's
+        nope and rope parts; one down-projection to the kv bottleneck and a rope key shared by
+        the heads, the bottleneck normed and projected up to each head's nope key and value.
+        Rotary positions on the rope parts; a key is its nope part and the shared rope part."""
+        m, cdt = self.model, h.dtype
+        if m.q_lora_rank:
+            latent = jnp.einsum("bsd,dr->bsr", h, p["wq_a"].astype(cdt))
+            latent = _rms_norm(latent, p["q_norm"])
+            q = jnp.einsum("bsr,rhk->bshk", latent, p["wq_b"].astype(cdt))
+        else:
+            q = jnp.einsum("bsd,dhk->bshk", h, p["wq"].astype(cdt))
+        q = checkpoint_name(q, "query")
+        down = jnp.einsum("bsd,dr->bsr", h, p["wkv_a"].astype(cdt))
+        latent, rope_key = down[..., : m.kv_lora_rank], down[..., m.kv_lora_rank :]
+        up = jnp.einsum("bsr,rhk->bshk", _rms_norm(latent, p["kv_norm"]), p["wkv_b"].astype(cdt))
+        k_nope, v = up[..., : m.qk_nope_head_dim], up[..., m.qk_nope_head_dim :]
+        sin, cos = _rotary(m.seq_len, m.qk_rope_head_dim)
+        q_nope, q_rope = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
+        q = jnp.concatenate([q_nope, _rotate(q_rope, sin, cos)], axis=-1)
+        rope_key = jnp.broadcast_to(_rotate(rope_key[:, :, None, :], sin, cos), q_rope.shape)
+        k = checkpoint_name(jnp.concatenate([k_nope, rope_key], axis=-1), "key")
+        return q, k, checkpoint_name(v, "value")
 
 
 def remat_policy(train: TrainSpec) -> Any:

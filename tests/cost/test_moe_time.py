@@ -11,8 +11,9 @@ from dataclasses import replace
 import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
-from loadax_mesh.cost.choose import AXES, MOE_AXES, _floor
+from loadax_mesh.cost.choose import AXES, MOE_AXES
 from loadax_mesh.cost.estimate import estimate, estimate_parts, plan_parts
+from loadax_mesh.cost.memory import weights_floor
 from loadax_mesh.cost.moe_time import dispatch_einsums, permute_seconds
 from loadax_mesh.cost.time import permute_bandwidth
 from loadax_mesh.hardware.profile import hardware_profile
@@ -130,7 +131,7 @@ def test_a_mesh_whose_weights_alone_overflow_is_skipped_yet_its_need_is_exact():
     model = ModelSpec.from_name("llama3-405b")
     train = TrainSpec(global_batch=8)
     fsdp8 = roles((("data", 1), ("fsdp", 8), ("seq", 1), ("model", 1)), ("data", "fsdp"))
-    floor = _floor(model, train, fsdp8, hardware_profile("tpu-v5litepod-8").facts())
+    floor = weights_floor(model, train, fsdp8, hardware_profile("tpu-v5litepod-8").facts())
     with pytest.raises(MeshConfigError, match=r"the smallest needs ([0-9.]+) GB") as err:
         choose_mesh("tpu-v5litepod-8", model, train)
     need = float(re.search(r"needs ([0-9.]+) GB", str(err.value)).group(1)) * 1e9
@@ -143,4 +144,4 @@ def test_the_floor_is_below_every_recipe_s_memory():
     for remat in ("none", "full", "offload"):
         train = TrainSpec(global_batch=16, remat=remat)
         e = estimate(plan, MOE, train)
-        assert _floor(MOE, train, r, facts) <= e.memory_bytes
+        assert weights_floor(MOE, train, r, facts) <= e.memory_bytes

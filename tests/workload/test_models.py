@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
-from loadax_mesh.compiler.report import compile_step
 from loadax_mesh.cost import estimate
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import check_fit, param_shapes, roles
@@ -183,6 +182,9 @@ MLA = dict(
         ({"num_experts": True, "experts_per_token": 1}, "num_experts=True"),
         ({"experts_per_token": 2}, "experts_per_token=2 with num_experts=0 \\(a dense model"),
         ({"router": "sigmoid"}, "router='sigmoid' with num_experts=0"),
+        ({"routed_scaling": 2.5}, "routed_scaling=2.5 with num_experts=0 .*accepted: 1.0, or"),
+        ({**MOE, "routed_scaling": 0.0}, "routed_scaling=0.0; accepted: a positive finite"),
+        ({**MOE, "routed_scaling": True}, "routed_scaling=True; accepted: a positive finite"),
         ({**MOE, "experts_per_token": 5}, "experts_per_token=5 with num_experts=4; accepted: 1 to"),
         ({**MOE, "experts_per_token": 0}, "experts_per_token=0 with num_experts=4"),
         ({**MOE, "moe_d_ff": 0}, "moe_d_ff=0 with num_experts=4; accepted: a positive integer"),
@@ -193,6 +195,10 @@ MLA = dict(
         ({**MLA, "v_head_dim": 0}, "v_head_dim=0 with attention='mla'"),
         ({**MLA, "head_dim": 16}, "head_dim=16 with attention='mla'; accepted: .* = 24"),
         ({**MLA, "num_kv_heads": 2}, "num_kv_heads=2 with attention='mla'"),
+        (
+            {**MLA, "qk_rope_head_dim": 7, "qk_nope_head_dim": 17},
+            "qk_rope_head_dim=7 with attention='mla'; accepted: an even number",
+        ),
     ],
 )
 def test_bad_model_shapes(change, message):
@@ -224,30 +230,17 @@ def test_train_spec_moe_defaults():
     assert TrainSpec(global_batch=8, moe="capacity", capacity_factor=2).capacity_factor == 2
 
 
-# (Experts the step builds and the cost model refuses: test_moe.py.)
-UNMODELLED = {
-    "attention='mla'": ModelSpec(**{**GOOD, **MLA, "vocab_size": 128, "seq_len": 128}),
-}
-
-
-@pytest.mark.parametrize("field", list(UNMODELLED))
-def test_what_the_step_and_cost_model_do_not_build_is_refused(field):
-    model = UNMODELLED[field]
+def test_latent_attention_is_built_and_priced_and_refused_by_the_maxtext_export():
+    """The step and the cost model build multi-head latent attention (tests/workload/
+    test_mla.py, tests/cost/test_mla_cost.py); the MaxText export does not spell it yet."""
+    model = ModelSpec(**{**GOOD, **MLA, "vocab_size": 128, "seq_len": 128})
     train = TrainSpec(global_batch=512)
-    refused = f"model '{model.name}': {field} is not modelled yet by the reference step"
-    plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5p-1024"))
+    plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5litepod-8"))
+    assert estimate(plan, model, train).memory_bytes > 0
+    check_fit(model, train, roles((("fsdp", 8),), ("fsdp",)))
+    assert sum(math.prod(s) for s, _ in param_shapes(model).values()) == model.num_params
+    refused = "attention='mla' is not modelled yet by the MaxText export"
     with pytest.raises(MeshConfigError, match=refused):
-        estimate(plan, model, train)
-    with pytest.raises(MeshConfigError, match=refused):
-        check_fit(model, train, roles((("fsdp", 512),), ("fsdp",)))
-    with pytest.raises(MeshConfigError, match=refused):
-        param_shapes(model)
-    cpu = MeshConfig.from_preset("fsdp").plan()
-    with pytest.raises(MeshConfigError, match=refused):
-        make_step(cpu.to_jax_mesh(), model, TrainSpec(global_batch=8), batch_axes="fsdp")
-    with pytest.raises(MeshConfigError, match=refused):
-        compile_step(cpu, model, TrainSpec(global_batch=8))
-    with pytest.raises(MeshConfigError, match=f"{field} is not modelled yet by the MaxText"):
         plan.to_maxtext(train, model=model, order=False)
 
 
