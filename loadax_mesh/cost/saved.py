@@ -32,7 +32,7 @@ def recomputed(train: TrainSpec, *, moe: bool = False) -> tuple[str, ...]:
     recomputes that the backward pass reads. A dense layer's down projection is never run
     again (PARTS: nothing reads its output); a MoE layer's is, as its combine's gradient for
     the routing weights reads the experts' outputs (jaxprs of the reference step's gradient
-    under "full", "dots", "dots_attention" and "offload": tests/cost/test_time.py)."""
+    under "full", "dots", "dots_attention" and "offload": tests/workload/test_recompute.py)."""
     return tuple(t for t, p in train.placements.items() if p == "recompute" and (moe or PARTS[t]))
 
 
