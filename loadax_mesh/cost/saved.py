@@ -27,6 +27,15 @@ PARTS = {
 }
 
 
+def recomputed(train: TrainSpec, *, moe: bool = False) -> tuple[str, ...]:
+    """The named tensors whose op a layer's backward pass runs again: those the placement
+    recomputes that the backward pass reads. A dense layer's down projection is never run
+    again (PARTS: nothing reads its output); a MoE layer's is, as its combine's gradient for
+    the routing weights reads the experts' outputs (jaxprs of the reference step's gradient
+    under "full", "dots", "dots_attention" and "offload": tests/workload/test_recompute.py)."""
+    return tuple(t for t, p in train.placements.items() if p == "recompute" and (moe or PARTS[t]))
+
+
 def kept(
     train: TrainSpec,
     found: dict[str, tuple[tuple[int, ...], int]],

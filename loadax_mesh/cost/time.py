@@ -50,6 +50,7 @@ from . import mla
 from .memory import shard_bytes
 from .moe import MoeShapes, moe_intermediates
 from .moe_time import dispatch_einsums, permute_seconds
+from .saved import recomputed as recomputed_ops
 
 # FLOPs per causal query-key pair, forward and backward, by the platform's fused kernel (the
 # kernels' own matmuls; see compiler/roofline.py), as (per unit of the query/key head_dim, per
@@ -158,7 +159,7 @@ def step_time(
         return max(flops / rate, kernel_bytes / hbm)
 
     placed = train.placements
-    recomputed = [op for op in projections if placed[op] == "recompute"]
+    recomputed = [op for op in recomputed_ops(train) if op in projections]
     attention_again = placed["attention_out"] == "recompute"
     layer_fwd = sum(projections.values())
     # Each matmul runs three times (forward; backward for the input's gradient and the
@@ -194,7 +195,8 @@ def step_time(
         )
         moe_fwd = sum(mixed.values())
         matmuls = (layers - moe) * (3 * layer_fwd + sum(projections[op] for op in recomputed))
-        matmuls += moe * (3 * moe_fwd + sum(mixed[op] for op in recomputed) + routing)
+        again_moe = [op for op in recomputed_ops(train, moe=True) if op in mixed]
+        matmuls += moe * (3 * moe_fwd + sum(mixed[op] for op in again_moe) + routing)
         layer_fwd = ((layers - moe) * layer_fwd + moe * (moe_fwd + routing_fwd)) / layers
     head = matmul(d_model, vocab)
     chunked = train.logits_chunks > 1  # each chunk's logits recomputed in the backward pass
@@ -221,9 +223,9 @@ def step_time(
                 strict=True,
             )
         )
-        again_moe = fwd_moe if recomputed or attention_again else 0
+        moe_again = fwd_moe if recomputed or attention_again else 0
         per_token = (layers - moe) * (elementwise_fwd + elementwise_bwd + again) + loss
-        per_token += moe * (fwd_moe + bwd_moe + again_moe)
+        per_token += moe * (fwd_moe + bwd_moe + moe_again)
         shard = float(shard_bytes(model, roles, 1, None))  # experts over the expert axis too
     update = shard * _update_bytes(train)
     memory = (micro * tokens * per_token + update) / hbm + micro * moe * permute

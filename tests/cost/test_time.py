@@ -11,6 +11,7 @@ from loadax_mesh.cost import estimate
 from loadax_mesh.cost.estimate import estimate_parts, op_flops, plan_parts
 from loadax_mesh.cost.time import calibration
 from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload.spec import TENSORS
 
 LONG = ModelSpec(
     name="long", num_layers=4, d_model=4096, d_ff=16384, num_heads=32, num_kv_heads=8,
@@ -41,19 +42,44 @@ def test_recompute_and_the_gpu_kernel() -> None:
         estimate(plan("tpu-v5p-16"), LONG, TrainSpec(global_batch=64, remat=r))
         for r in ("none", "full")
     )
-    # full remat runs every projection's forward again, and the attention's forward kernel
+    # full remat runs every projection's forward again but the down projection's (nothing in
+    # the backward pass reads its output), and the attention's forward kernel
     k, layer = (
         calibration("compute_efficiency", "tpu"),
-        2 * 4096 * (48 * 128 + 32 * 128 + 3 * 16384),
+        2 * 4096 * (48 * 128 + 32 * 128 + 2 * 16384),
     )
-    again = 4 * 8 * 4096 * layer  # layers x tokens x a layer's forward FLOPs
+    again = 4 * 8 * 4096 * layer  # layers x tokens x the recomputed forward FLOPs
     assert full.time.matmul - none.time.matmul == pytest.approx(again / (PEAK * k))
+    attention = 4 * 8 * 4096 * op_flops(LONG)["attention_out"]
+    assert full.recompute_flops == pytest.approx(again + attention)  # estimate's count agrees
     assert full.time.attention == pytest.approx(none.time.attention * (4 + 4 + 14) / (4 + 14))
     assert full.time.memory_bound > none.time.memory_bound
     gpu = estimate(plan("gpu-p5.48xlarge-16"), LONG, TrainSpec(global_batch=64, remat="none"))
     k, peak = calibration("compute_efficiency", "gpu"), 989e12  # one H100's bf16 peak
     pairs = 4 * 4096 * 4097 / 2  # 4 rows a GPU
     assert gpu.time.attention == pytest.approx(4 * pairs * 32 * 128 * (4 + 10) / (peak * k))
+
+
+@pytest.mark.parametrize(
+    ("remat", "again"),
+    [  # the ops the backward pass runs again (jaxprs of the reference step's gradient)
+        ("full", ("query", "key", "value", "attention_out", "out_proj", "mlp_in")),
+        ("offload", ("query", "key", "value", "attention_out", "out_proj", "mlp_in")),
+        ("dots", ("attention_out",)),
+        ("dots_attention", ()),
+        # the down projection alone placed to recompute: nothing to run again
+        (dict.fromkeys(TENSORS, "device") | {"mlp_out": "recompute"}, ()),
+    ],
+)
+def test_recompute_follows_what_the_backward_pass_reads(remat, again) -> None:
+    tokens, ops = 8 * 4096, op_flops(LONG)
+    none = estimate(plan("tpu-v5p-16"), LONG, TrainSpec(global_batch=64, remat="none"))
+    e = estimate(plan("tpu-v5p-16"), LONG, TrainSpec(global_batch=64, remat=remat))
+    assert e.recompute_flops == pytest.approx(4 * tokens * sum(ops[t] for t in again))
+    assert e.flops - none.flops == pytest.approx(e.recompute_flops)
+    k = calibration("compute_efficiency", "tpu")
+    projections = sum(ops[t] for t in again if t != "attention_out")
+    assert e.time.matmul - none.time.matmul == pytest.approx(4 * tokens * projections / (PEAK * k))
 
 
 def test_a_thin_matmul_reads_its_weights_at_hbm_speed() -> None:
