@@ -68,9 +68,9 @@ _PLACEMENT = {"recompute": "remat", "device": "device", "offload": "offload"}
 MLP_ACTIVATIONS = {"swiglu": "['silu','linear']", "relu": "['relu']", "gelu": "['gelu']"}
 # Our models that MaxText ships under the same name (src/maxtext/configs/models/*.yml).
 MODELS = ("llama2-7b", "llama3-8b", "llama3-70b", "llama3-405b")
-# Our MoE models -> MaxText's config of the same model (GQA ones; DeepSeek-V3's latent
-# attention is refused with the model, check_modelled).
+# Our MoE models -> MaxText's config of the same model (DeepSeek-V3's with latent attention).
 MOE_MODELS = {
+    "deepseek-v3": "deepseek3-671b",
     "mixtral-8x7b": "mixtral-8x7b",
     "mixtral-8x22b": "mixtral-8x22b",
     "qwen3-235b-a22b": "qwen3-235b-a22b",
@@ -90,6 +90,14 @@ RESIZE_KEYS = {
     "vocab_size": "vocab_size",
     "num_experts": "num_experts",
     "experts_per_token": "num_experts_per_tok",
+    "num_shared_experts": "shared_experts",
+    "first_dense_layers": "first_num_dense_layers",
+    "routed_scaling": "routed_scaling_factor",
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
 }
 
 
@@ -195,6 +203,8 @@ def _resized(model: ModelSpec) -> dict[str, str]:
         if f.name not in ("seq_len", "source")
         and getattr(model, f.name) != getattr(shipped, f.name)
     ]
+    if model.attention == "mla":  # MaxText's MLA heads are qk_nope + qk_rope wide, not head_dim
+        changed = [f for f in changed if f != "head_dim"]
     if not changed:
         return {}
     if other := [f for f in changed if f not in RESIZE_KEYS]:
@@ -210,7 +220,7 @@ def _resized(model: ModelSpec) -> dict[str, str]:
 
 def _model(model: ModelSpec) -> dict[str, str]:
     # its keys below spell a dense model, or MaxText's own config of a MoE model (resized)
-    check_modelled(model, by="the MaxText export", experts=True)
+    check_modelled(model, by="the MaxText export", experts=True, latent=True)
     keys = {"max_target_length": str(model.seq_len)}
     if model.name in MODELS:
         return {"model_name": model.name, **_resized(model), **keys}
@@ -222,6 +232,11 @@ def _model(model: ModelSpec) -> dict[str, str]:
                 f"the MoE models {', '.join(MOE_MODELS)}"
             )
         return {"model_name": MOE_MODELS[model.name], **_resized(model), **keys}
+    if model.attention == "mla":
+        raise MeshConfigError(
+            f"model {model.name!r}: attention='mla' in a model MaxText does not ship is not "
+            f"modelled yet by the MaxText export; accepted: GQA models, or MaxText's deepseek-v3"
+        )
     return {
         "base_num_decoder_layers": str(model.num_layers),
         "base_emb_dim": str(model.d_model),

@@ -6,6 +6,7 @@ import pytest
 
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.errors import MeshConfigError
+from loadax_mesh.export.maxtext import RESIZE_KEYS
 from loadax_mesh.plan import MeshPlan
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
@@ -193,6 +194,44 @@ def test_a_shipped_model_resized_overrides_maxtexts_config_of_it() -> None:
         plan.to_maxtext(TrainSpec(global_batch=64), model=tied, order=False)
 
 
+def test_deepseek_v3_is_maxtexts_deepseek3_671b_and_resizes_with_its_mla_and_moe_keys() -> None:
+    from dataclasses import replace
+
+    # every key name below is grepped in MaxText's src/maxtext/configs/base.yml and
+    # models/deepseek3-671b.yml (q_lora_rank ... v_head_dim, first_num_dense_layers,
+    # routed_scaling_factor, shared_experts, num_experts(_per_tok), base_moe_mlp_dim)
+    plan = _plan("fsdp_ep", "tpu-v5p-128")
+    deepseek = ModelSpec.from_name("deepseek-v3")
+    keys = plan.to_maxtext(TrainSpec(global_batch=64), model=deepseek, order=False).keys
+    assert keys["model_name"] == "deepseek3-671b" and "override_model_config" not in keys
+    assert (keys["ici_expert_parallelism"], keys["sparse_matmul"]) == ("4", "true")
+    assert "q_lora_rank" not in keys and "num_experts" not in keys  # MaxText's config has them
+    small = replace(
+        deepseek, num_layers=4, first_dense_layers=1, num_experts=16, experts_per_token=2,
+        moe_d_ff=512, num_shared_experts=2, routed_scaling=1.5, q_lora_rank=256,
+        kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, head_dim=96, v_head_dim=64,
+    )  # fmt: skip
+    keys = plan.to_maxtext(TrainSpec(global_batch=64), model=small, order=False).keys
+    assert keys["model_name"] == "deepseek3-671b" and keys["override_model_config"] == "true"
+    assert {k: keys[k] for k in keys if k in RESIZE_KEYS.values()} == {
+        "base_num_decoder_layers": "4",
+        "first_num_dense_layers": "1",
+        "num_experts": "16",
+        "num_experts_per_tok": "2",
+        "base_moe_mlp_dim": "512",
+        "shared_experts": "2",
+        "routed_scaling_factor": "1.5",
+        "q_lora_rank": "256",
+        "kv_lora_rank": "128",
+        "qk_nope_head_dim": "64",
+        "qk_rope_head_dim": "32",
+        "v_head_dim": "64",
+    }  # no head_dim: MaxText's MLA heads are qk_nope + qk_rope wide
+    softmax = replace(deepseek, router="softmax")
+    with pytest.raises(MeshConfigError, match=r"router='softmax' differ from the shipped"):
+        plan.to_maxtext(TrainSpec(global_batch=64), model=softmax, order=False)
+
+
 def test_moe_models_maxtext_does_not_ship_are_refused() -> None:
     from dataclasses import replace
 
@@ -200,5 +239,10 @@ def test_moe_models_maxtext_does_not_ship_are_refused() -> None:
     custom = replace(ModelSpec.from_name("mixtral-8x7b"), name="my-moe")
     with pytest.raises(MeshConfigError, match=r"num_experts=8 in a model MaxText does not ship"):
         plan.to_maxtext(TrainSpec(global_batch=64), model=custom, order=False)
-    with pytest.raises(MeshConfigError, match=r"attention='mla' is not modelled yet by the MaxT"):
-        plan.to_maxtext(TrainSpec(global_batch=64), model=ModelSpec.from_name("deepseek-v3"))
+    mla = replace(
+        ModelSpec.from_name("deepseek-v3"), name="my-mla", num_experts=0, experts_per_token=0,
+        moe_d_ff=0, num_shared_experts=0, first_dense_layers=0, router="softmax",
+        routed_scaling=1.0,
+    )  # fmt: skip
+    with pytest.raises(MeshConfigError, match=r"attention='mla' in a model MaxText does not"):
+        plan.to_maxtext(TrainSpec(global_batch=64), model=mla, order=False)
