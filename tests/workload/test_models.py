@@ -232,14 +232,15 @@ def test_train_spec_moe_defaults():
 
 def test_latent_attention_is_built_and_priced_and_refused_by_the_maxtext_export():
     """The step and the cost model build multi-head latent attention (tests/workload/
-    test_mla.py, tests/cost/test_mla_cost.py); the MaxText export does not spell it yet."""
+    test_mla.py, tests/cost/test_mla_cost.py); the MaxText export spells it only as MaxText's
+    own DeepSeek-V3 (tests/export/test_maxtext.py)."""
     model = ModelSpec(**{**GOOD, **MLA, "vocab_size": 128, "seq_len": 128})
     train = TrainSpec(global_batch=512)
     plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5litepod-8"))
     assert estimate(plan, model, train).memory_bytes > 0
     check_fit(model, train, roles((("fsdp", 8),), ("fsdp",)))
     assert sum(math.prod(s) for s, _ in param_shapes(model).values()) == model.num_params
-    refused = "attention='mla' is not modelled yet by the MaxText export"
+    refused = "attention='mla' in a model MaxText does not ship is not modelled yet"
     with pytest.raises(MeshConfigError, match=refused):
         plan.to_maxtext(train, model=model, order=False)
 
