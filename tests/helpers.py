@@ -8,7 +8,11 @@ import sys
 
 import numpy as np
 
+from loadax_mesh.cost.memory import memory_terms
+from loadax_mesh.hardware.profile import DeviceFacts
 from loadax_mesh.plan import MeshPlan
+from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload.layout import Roles
 
 
 def granule_grid(plan: MeshPlan) -> np.ndarray:
@@ -39,3 +43,9 @@ def run_python(code: str, *, timeout: float = 120) -> str:
 
 def ids(plan: MeshPlan) -> np.ndarray:
     return np.asarray(plan.to_dict()["devices"])
+
+
+def weights_floor(model: ModelSpec, train: TrainSpec, r: Roles, facts: DeviceFacts) -> int:
+    """What every phase holds whatever the recipe: parameters, optimizer state, gradients."""
+    terms = memory_terms(model, train, r, facts)
+    return terms["params"] + terms["optimizer"] + terms["gradients"]

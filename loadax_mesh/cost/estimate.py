@@ -308,11 +308,8 @@ def across_granules(
     """The device's facts across granules as the runs reached them: a ring step's latency, and
     its bandwidth no more than its share of what its whole granule sends (`granule` bytes/s,
     shared by the granule's devices)."""
-    devices = 1
-    for ici, _ in factors.values():
-        devices *= ici
     own = facts.dcn_bandwidth
-    share = granule / devices
+    share = granule / math.prod(ici for ici, _ in factors.values())
     return replace(
         facts, dcn_latency=latency, dcn_bandwidth=own if own is None else min(own, share)
     )

@@ -346,14 +346,6 @@ def _fixed_terms(
     )
 
 
-def weights_floor(model: ModelSpec, train: TrainSpec, roles: Roles, device: DeviceFacts) -> int:
-    """Bytes every phase holds whatever the recipe: parameters, optimizer state, gradients."""
-    dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
-    held = device.traits.holds_reduced_gradients
-    terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, False))
-    return terms["params"] + terms["optimizer"] + terms["gradients"]
-
-
 def _batch_bytes(sh: Shapes, tile: tuple[int, int] | None) -> int:
     """The batch's inputs and targets (int32)."""
     return 2 * stored((sh.rows, sh.seq), 4, tile)

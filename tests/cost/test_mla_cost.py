@@ -13,13 +13,13 @@ import pytest
 from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.cost.estimate import op_flops
-from loadax_mesh.cost.memory import weights_floor
 from loadax_mesh.cost.mla import attention_weights
 from loadax_mesh.cost.recipes import fitting_recipes
 from loadax_mesh.cost.traffic import collectives
 from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import param_shapes, roles
+from tests.helpers import weights_floor
 
 DS = ModelSpec.from_name("deepseek-v3")
 # A dense MLA model every dim of which is a whole number of TPU tiles: 8 heads of 128 + 64,
