@@ -57,6 +57,7 @@ from dataclasses import asdict, dataclass
 from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from . import mla
 from .memory import Shapes, layer_weights, shard_bytes
 from .moe import dense_layer_weights, exchange_bytes, moe_layer_weights
 
@@ -107,7 +108,6 @@ def collectives(
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
     m, L, d, M = roles.size("model"), model.num_layers, model.d_model, train.microbatches
-    layer = 0 if model.num_experts else layer_weights(model, m) * cd  # MoE: moe_collectives
     tables = (1 if model.tied_embeddings else 2) * sh.vocab * d * cd
     shard = model.num_params // (roles.size("fsdp") * m) * cd
     placed = train.placements
@@ -126,10 +126,7 @@ def collectives(
         found += (
             moe_collectives(model, train, roles, a)
             if model.num_experts
-            else [
-                Collective(a, "all-gather", "layer weights", layer, 2 * L * M, True),
-                Collective(a, "reduce-scatter", "layer weight gradients", layer, L * M, True),
-            ]
+            else layer_collectives(model, a, m, cd, L * M, in_line=overlapped)
         )
         found += [
             Collective(a, "all-gather", "embedding tables", tables, M, True),
@@ -193,6 +190,25 @@ def collectives(
             Collective(roles.seq, "reduce-scatter", "key and value gradients", kv, L * M, False),
         ]
     return found
+
+
+def layer_collectives(
+    model: ModelSpec, a: str, m: int, cd: int, runs: int, *, in_line: bool
+) -> list[Collective]:
+    """A dense layer's FSDP collectives over axis `a`, `runs` times (layers x micro-batches):
+    its weights gathered forward and backward, its gradients reduce-scattered, all beside the
+    compute; `in_line` (libtpu) the attention block's weights (q, k, v, output) gathered in
+    line each pass, the MLP's beside matmuls (benchmarks/probe_fsdp_schedule.py)."""
+    layer = layer_weights(model, m) * cd
+    gradients = Collective(a, "reduce-scatter", "layer weight gradients", layer, runs, True)
+    if not in_line:
+        return [Collective(a, "all-gather", "layer weights", layer, 2 * runs, True), gradients]
+    attention = mla.attention_weights(model, m) * cd
+    return [
+        Collective(a, "all-gather", "attention weights", attention, 2 * runs, False),
+        Collective(a, "all-gather", "MLP weights", layer - attention, 2 * runs, True),
+        gradients,
+    ]
 
 
 def weight_arrays(model: ModelSpec) -> int:
