@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from ..plan import MeshPlan
 
 OVERLAP = (
-    "inside granules, FSDP gathers and gradient reductions hide behind compute, tensor-parallel "
+    "inside granules, FSDP gathers and gradient reductions hide behind compute (on TPU but a "
+    "layer's attention weights, gathered in line each pass), tensor-parallel "
     "collectives wait but those the TPU compiler overlaps with matmuls, sequence collectives "
     "wait; collectives across granules are exposed; "
     "offload copies hide behind their own pass's compute on TPU (out: forward, in: backward) "

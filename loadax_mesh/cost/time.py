@@ -13,7 +13,8 @@
   forward again where a tensor is recomputed), the loss over the vocabulary and the
   optimizer's update of every parameter shard.
 - Collectives (cost/traffic.py): those inside a granule that overlap hide behind the compute;
-  those that feed the next operation are exposed; every collective across granules (DCN, the
+  those that feed the next operation, or that the compiler runs in line (on TPU a layer's
+  attention weights gathered each pass), are exposed; every collective across granules (DCN, the
   scale-out network) is exposed. The measured runs say so: MaxText's LLaMA-2 7B on A3 hosts
   runs its data-parallel reduction inside the layer loop, where its time at the network's
   rate would hide behind the backward pass, yet the step grows by 17-31% from 1 to 2-16 hosts
