@@ -126,7 +126,7 @@ def collectives(
     a = _shard_axis(roles)
     if a is not None:
         found += (
-            moe_collectives(model, train, roles, a)
+            moe_collectives(model, train, roles, a, in_line=overlapped)
             if model.num_experts
             else layer_collectives(model, a, m, cd, L * M, in_line=overlapped)
         )
@@ -232,26 +232,34 @@ def _shard_axis(roles: Roles) -> str | None:
     return None
 
 
-def moe_collectives(model: ModelSpec, train: TrainSpec, roles: Roles, a: str) -> list[Collective]:
+def moe_collectives(
+    model: ModelSpec, train: TrainSpec, roles: Roles, a: str, *, in_line: bool = False
+) -> list[Collective]:
     """The layers' weight collectives of a model with MoE layers, on the shard axis `a`: as
     a dense model's (gathered forward and backward, gradients reduce-scattered, per
     micro-batch) for its dense layers and for a MoE layer's attention, router and shared
     experts (gathered over fsdp and the expert axis together); its routed experts gathered over
     fsdp alone (moe.py's `gathers`: their d_model, the E / P experts of an expert axis of size P
-    or all E without one), none where fsdp has size 1."""
+    or all E without one), none where fsdp has size 1. `in_line` (libtpu): every layer's
+    attention weights gathered in line, as a dense layer's (`layer_collectives`)."""
     cd, M = dtype_bytes(train.compute_dtype), train.microbatches
     moe = model.num_moe_layers
     dense = model.num_layers - moe
     shared, experts = (w * cd for w in moe_layer_weights(model, roles))
+    attention = mla.attention_weights(model, roles.size("model")) * cd if in_line else 0
     found = []
+    if in_line:
+        runs = 2 * model.num_layers * M
+        found.append(Collective(a, "all-gather", "attention weights", attention, runs, False))
     if dense:
         layer = dense_layer_weights(model, roles.size("model")) * cd
         found += [
-            Collective(a, "all-gather", "dense layer weights", layer, 2 * dense * M, True),
+            Collective(a, "all-gather", "dense layer weights", layer - attention, 2 * dense * M,
+                       True),
             Collective(a, "reduce-scatter", "dense layer gradients", layer, dense * M, True),
-        ]
+        ]  # fmt: skip
     found += [
-        Collective(a, "all-gather", "MoE layer weights", shared, 2 * moe * M, True),
+        Collective(a, "all-gather", "MoE layer weights", shared - attention, 2 * moe * M, True),
         Collective(a, "reduce-scatter", "MoE layer gradients", shared, moe * M, True),
     ]
     if roles.fsdp is not None and roles.size("fsdp") > 1:
