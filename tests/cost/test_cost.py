@@ -89,6 +89,16 @@ def test_collectives_and_compute_counted_by_hand():
     assert e.step_seconds == pytest.approx(max(e.compute_seconds, hidden) + exposed)
 
 
+def test_attention_gathers_wait_on_tpu_alone():
+    """libtpu gathers a layer's attention weights in line (benchmarks/RESULTS.md); on GPU the
+    layer's weights are gathered whole, beside the compute."""
+    plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("gpu-p5.48xlarge-8"))
+    gpu = estimate(plan, SMALL, TrainSpec(global_batch=8))
+    hides = {c.what: c.overlaps for c in gpu.axes["fsdp"].collectives}
+    assert hides["layer weights"] and "attention weights" not in hides
+    assert gpu.time.exposed == 0
+
+
 def test_only_tpu_splash_attention_holds_the_kernels_buffers():
     """The splash kernel's lane-wide log-sum-exp and accumulators are TPU-only; elsewhere the
     log-sum-exp is one float32 per head and token."""
