@@ -218,11 +218,30 @@ class Step:
         )
 
     def _layer(self, x: jax.Array, p: Params, *, act: NamedSharding) -> tuple[jax.Array, None]:
-        cdt = x.dtype
         # The layer's input named inside the checkpointed function: a policy may then offload
         # it (MaxText's decoder_layer_input); everything below reads the named value.
         x = checkpoint_name(x, "layer_input")
         h = _rms_norm(x, p["attn_norm"])
+        if self.model.parallel_block:
+            # Both halves read h; their outputs are summed into the residual. The MLP is written
+            # first so that the backward pass adds the attention's partial gradients of h (q, k
+            # and v) before the MLP's: libtpu then reduces the three over the tensor axis in one
+            # collective, as in a sequential layer (attention first: one each; RESULTS.md).
+            down = self._mlp(h, p)
+            return jax.lax.with_sharding_constraint(x + (self._attention(h, p) + down), act), None
+        x = jax.lax.with_sharding_constraint(x + self._attention(h, p), act)
+        h = _rms_norm(x, p["mlp_norm"])
+        if "router" in p:  # a MoE layer (moe.py)
+            mix = moe_mlp(
+                h, p, mesh=self.mesh, roles=self.roles, model=self.model, train=self.train
+            )
+            return jax.lax.with_sharding_constraint(x + checkpoint_name(mix, "mlp_out"), act), None
+        return jax.lax.with_sharding_constraint(x + self._mlp(h, p), act), None
+
+    def _attention(self, h: jax.Array, p: Params) -> jax.Array:
+        """The attention sublayer of the normed residual `h`, through its output projection
+        (named `out_proj`)."""
+        cdt = h.dtype
         if self.model.attention == "mla":
             q, k, v = self._latent_qkv(h, p)
         else:
@@ -234,18 +253,7 @@ class Step:
             q, k = _rotate(q, sin, cos), _rotate(k, sin, cos)
         o = attention(q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles)
         o = checkpoint_name(o, "attention_out")
-        out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
-        if self.model.parallel_block:  # the MLP reads the same normed input; one sum added
-            down = self._mlp(h, p)
-            return jax.lax.with_sharding_constraint(x + (out + down), act), None
-        x = jax.lax.with_sharding_constraint(x + out, act)
-        h = _rms_norm(x, p["mlp_norm"])
-        if "router" in p:  # a MoE layer (moe.py)
-            mix = moe_mlp(
-                h, p, mesh=self.mesh, roles=self.roles, model=self.model, train=self.train
-            )
-            return jax.lax.with_sharding_constraint(x + checkpoint_name(mix, "mlp_out"), act), None
-        return jax.lax.with_sharding_constraint(x + self._mlp(h, p), act), None
+        return checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
 
     def _mlp(self, h: jax.Array, p: Params) -> jax.Array:
         """A dense layer's MLP of the normed residual `h` (its output named `mlp_out`)."""
