@@ -6,8 +6,9 @@ scatter-adds them (the transpose of `jnp.take`). These tests hold libtpu to what
 rate the model (benchmarks/probe_permute.py, RESULTS 2026-11-26): the scatter-add compiles as
 a sort of its indices, a gather and a sorted scatter, and XLA's roofline (`optimal_seconds`)
 prices it within 30% of the gather, as it prices the custom VJP's argsort and gather. (At
-widths of 1024 or 4096 and 8192 rows the compiler fuses the updates' gather into the scatter
-and prices the pair 4 to 10 times below the gather: the referee holds at the runs' widths.)
+8192 rows of 1024 or 4096 its roofline prices the scatter-add 4 to 11 times below the gather,
+at 4096 with the updates' gather fused into the scatter: the referee holds at the runs'
+widths.)
 """
 
 from __future__ import annotations
