@@ -1,8 +1,8 @@
 """What the TPU compiler makes of the dropless MoE path's row permutes, one op at a time.
 
-For each dropless run of benchmarks/moe_runs.py (and Mixtral 8x7B at M8's shapes), at one
-device's shapes of one MoE layer (its t tokens, t * k copies, d_model columns, bfloat16),
-compiles alone on one compile-only TPU device:
+For each dropless run of benchmarks/moe_runs.py (M8-M11), at one device's shapes of one MoE
+layer (its t tokens, t * k copies, d_model columns, bfloat16), compiles alone on one
+compile-only TPU device:
 
 - `take`: the copies gathered into expert order, `jnp.take(x, idx, axis=0)` with duplicate
   indices (each token k times: MaxText at 9ca35d7) or a permutation of the t * k copies (the
@@ -11,11 +11,13 @@ compiles alone on one compile-only TPU device:
   scatter-add by row index;
 - `argsort`: of t * k int32 (the sort, and the unsort's indices);
 - `custom vjp`: MaxText's `_sort_activations_custom` backward (3eb77db,
-  `use_custom_sort_vjp=True`): argsort of the permutation, then a gather by it.
+  `use_custom_sort_vjp=True`): argsort of the permutation, then a gather by it;
+- `repeat^T` (k > 1): the transpose of 3eb77db's `jnp.repeat`, the k copies' sum.
 
-Prints per op XLA's `optimal_seconds`, `bytes accessed`, the moved rows' bytes over the
-optimal seconds (an effective bandwidth) and share of the chip's HBM bandwidth, and the
-optimised HLO's ops that do the work (scatter, gather, sort, while). One TPU compile at a time.
+Prints per op XLA's `optimal_seconds`, its `bytes accessed` over the rows' bytes moved, those
+bytes over the optimal seconds (an effective bandwidth) as a share of the chip's HBM
+bandwidth, and the optimised HLO's ops that do the work (scatter, gather, sort, while). One
+TPU compile at a time; about a minute for the four runs. Results: benchmarks/RESULTS.md.
 
     python benchmarks/probe_permute.py [--hardware tpu-v5p-8] [--runs M9,M11]
 """
