@@ -127,7 +127,7 @@ def plan_parts(
         a: (i, d)
         for a, i, d in zip(plan.axis_names, plan.ici_mesh_shape, plan.dcn_mesh_shape, strict=True)
     }
-    return r, factors, {a: q.efficiency for a, q in plan.quality().items()}, facts
+    return r, factors, {a: q.link_factor for a, q in plan.quality().items()}, facts
 
 
 def estimate_parts(
