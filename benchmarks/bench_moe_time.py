@@ -10,7 +10,9 @@ with a logged step, and each run is judged with it fitted on the others (leave o
 search of the squared relative errors). The dropping runs do not depend on it (their dispatch
 and combine are einsums, priced by shape). Rows without a logged step (an MFU statement) are
 printed, never fitted. Target (issue 34): every run with a logged step within 25%, and
-estimated to fit.
+estimated to fit. Beside the terms, each direction's host transfer of the offloaded
+activations and the forward pass it hides in (cost/time.py: what exceeds the forward, or the
+rest of the step, is exposed).
 
 Also printed: issue 1256's fine-grained check (Mixtral 8x7B's experts as 8 of top-2 against 56
 of top-14 at moe_d_ff 2048, equal FLOPs and parameters): the model's MFU ratio beside the
@@ -176,7 +178,8 @@ def main() -> None:
     header = [
         "run", "logged s", "predicted s (LOO)", "error", "share (LOO)", "at shipped",
         "MFU logged", "MFU pred", "fits", "device GB est/HBM", "host GB", "matmul",
-        "attention", "memory-bound", "hidden comm", "exposed", "offload",
+        "attention", "memory-bound", "hidden comm", "exposed", "offload", "host each way",
+        "forward",
     ]  # fmt: skip
     rows, within, fits, worst = [], 0, 0, 0.0
     for k, run in enumerate(runs):
@@ -197,7 +200,7 @@ def main() -> None:
             str(e.fits), f"{e.memory_bytes / 1e9:.1f}/{e.hbm_bytes / 1e9:.1f}",
             f"{e.host_bytes / 1e9:.1f}",
             *(f"{x:.3f}" for x in (t.matmul, t.attention, t.memory_bound, t.hidden, t.exposed,
-                                   t.offload)),
+                                   t.offload, e.offload_seconds, t.forward)),
         ])  # fmt: skip
     print_table(header, rows, markdown=args.markdown)
     n = int(logged.sum())

@@ -6,12 +6,15 @@
    waits for), the async ones (an async collective start, or fusion, with matmuls scheduled
    before its end), and the windowed matmuls (a collective matmul: a loop of permutes beside
    the matmul's pieces).
+   `--parallel`: the same step with the layer a parallel block (ModelSpec.parallel_block:
+   attention and the MLP off one norm, their outputs summed), against which the cost model's
+   counts of that layer were read (cost/traffic.py, `_parallel_block_runs`).
 2. A two-slice step (fsdp on tpu-v5litepod-8-2, data across the slices): the megascale
    transfers (a send per array) per loop body, their dtype and bytes.
 
 Each compile takes about two minutes on 2 cores; one TPU compile at a time.
 
-    python benchmarks/probe_overlap.py [--only tensor|slices]
+    python benchmarks/probe_overlap.py [--only tensor|slices] [--parallel]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import os
 import re
 from collections import Counter
+from dataclasses import replace
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -119,12 +123,14 @@ def megascale_sends(hlo: str) -> dict[str, Counter[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("tensor", "slices"))
+    parser.add_argument("--parallel", action="store_true", help="the layer a parallel block")
     args = parser.parse_args()
     if args.only != "slices":
+        wide = replace(WIDE, parallel_block=args.parallel)
         for remat in ("full", "dots"):
             train = TrainSpec(global_batch=2, remat=remat)
-            hlo = compiled("tpu-v5litepod-32", "fsdp_tp", WIDE, train, tp=16)
-            print(f"tensor 16, remat {remat}:")
+            hlo = compiled("tpu-v5litepod-32", "fsdp_tp", wide, train, tp=16)
+            print(f"tensor 16, remat {remat}{', parallel block' if args.parallel else ''}:")
             for body, seen in tensor_collectives(hlo, WIDE.seq_len).items():
                 print(f"  {body[:40]}: {dict(sorted(seen.items()))}")
     if args.only != "tensor":

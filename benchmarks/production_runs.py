@@ -129,10 +129,11 @@ RUNS: list[dict[str, Any]] = [
 #
 # MaxText's own v4, v5e and v5p tables (committed with their .sh configs in 76bd53b0f,
 # 2023-12-15): the 2023 `global_parameter_scale` models (configs/models/maxtext-2023-*.toml:
-# ReLU two-matrix MLP, multi-head attention with head_dim 256, tied embeddings), seq 2048, N
-# slices joined over DCN with data parallelism across them (dcn_data_parallelism=-1). Their
-# remat names at that commit (MaxText/layers/models.py): `full` saves nothing inside the layer
-# (ours "full"); `minimal` is jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, the
+# ReLU two-matrix MLP, multi-head attention with head_dim 256, tied embeddings, a parallel
+# block), seq 2048, N slices joined over DCN with data parallelism across them
+# (dcn_data_parallelism=-1). Their remat names at that commit (MaxText/layers/models.py):
+# `full` saves nothing inside the layer (ours "full"); `minimal` is
+# jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, the
 # policy our "dots" runs (dots_with_no_batch_dims_saveable, the same function). Each row's
 # `tflops_per_device` and `mfu` are as published; the logged step is the model FLOPs MaxText
 # counted then, over the published MFU times the chip's peak (the MFU has more digits than the
@@ -146,10 +147,10 @@ _MX2023 = (
     "(TFLOP/s and MFU per chip); configs {gen}/*.sh at that commit"
 )
 _MX2023_NOTES = (
-    "the 2023 layer runs attention and the MLP in parallel off one RMSNorm and RMS-norms q, k "
-    "and v per head (this step: sequential, two norms); attention 'flash' was jax's Pallas "
-    "flash_attention with 512 blocks (this step: the splash kernel, 512 blocks); XLA flags for "
-    "async collective fusion and data-parallel all-reduce overlap"
+    "the 2023 layer runs attention and the MLP in parallel off one RMSNorm (this step too: "
+    "parallel_block) and RMS-norms q, k and v per head (this step does not); attention 'flash' "
+    "was jax's Pallas flash_attention with 512 blocks (this step: the splash kernel, 512 "
+    "blocks); XLA flags for async collective fusion and data-parallel all-reduce overlap"
 )
 _GENERATION = {"v4": "tpu-v4", "v5e": "tpu-v5litepod", "v5p": "tpu-v5p"}
 

@@ -31,6 +31,15 @@ class AxisQuality:
     efficiency: float  # ring_steps / hops; 1.0 = every step a direct link (1.0 if no hops)
     dcn_crossings: int  # per line, the most granule changes seen
     dcn_ok: bool  # every line enters each of `dcn` granules once: dcn - 1 changes, dcn granules
+    ici_dims: int = 1  # torus dims its ICI runs span (1 off a torus, 0 with no ICI ring)
+
+    @property
+    def link_factor(self) -> float:
+        """What a collective over this axis gets of one link pair's bandwidth: its ring
+        efficiency times the torus dims it spans, each a ring of its own links (a gather over
+        two dims of ICI runs on both at once: the scaling book, "Sharded Matrices", AllGather
+        over multiple axes; docs/facts/hardware.md)."""
+        return self.efficiency * max(self.ici_dims, 1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +73,7 @@ def axis_quality(
             efficiency=round(steps / hops, 6) if hops else 1.0,
             dcn_crossings=int(crossings.max()),
             dcn_ok=bool(((crossings == dcn - 1) & (distinct == dcn)).all()),
+            ici_dims=spanned_dims(lines, ~changes, torus, coords),
         )
     return result
 
@@ -93,6 +103,20 @@ def ring_cost(
     dims = np.asarray(torus.chip_shape)
     delta = np.where(np.asarray(torus.wrap), np.minimum(delta, dims - delta), delta)
     return steps, int(delta.sum())
+
+
+def spanned_dims(
+    lines: np.ndarray, same: np.ndarray, torus: Torus | None, coords: np.ndarray | None
+) -> int:
+    """How many torus dims the ICI runs of `lines` span at most (chips' coordinates that change
+    between neighbours of one granule); 1 off a torus, 0 where no run has two devices."""
+    if not same.any():
+        return 0
+    if torus is None or coords is None:
+        return 1
+    step = coords[lines[:, 1:]] != coords[lines[:, :-1]]  # rows x size-1 x dims
+    varying = (step & same[:, :, None]).any(axis=1)
+    return max(1, int(varying.sum(axis=1).max()))
 
 
 def order_quality(

@@ -116,3 +116,28 @@ def test_plan_quality_on_a_full_torus(shape, expected):
     assert plan.layout.torus is not None and all(plan.layout.torus.wrap)
     assert [q.efficiency for q in plan.quality().values()] == expected
     assert plan.to_dict()["quality"]["data"]["efficiency"] == 1.0
+
+
+def test_dims_spanned_by_each_axis():
+    # 2 x 4 chips: axis a pairs chips across y (one dim), axis b runs along x (one dim).
+    coords = np.array([[x, y, 0] for y in range(2) for x in range(4)])
+    torus = Torus((4, 2, 1), (False, False, False), 1)
+    layout = Layout(np.arange(8).reshape(2, 4), np.zeros(8, np.int64), 1, torus)
+    q = axis_quality(layout, coords, ("a", "b"), (1, 1))
+    assert (q["a"].ici_dims, q["b"].ici_dims) == (1, 1)
+    # One axis over all eight chips, a snake through both dims.
+    snake = Layout(np.array([0, 1, 2, 3, 7, 6, 5, 4]), np.zeros(8, np.int64), 1, torus)
+    q = axis_quality(snake, coords, ("all",), (1,))["all"]
+    assert q.ici_dims == 2 and q.link_factor == 2 * q.efficiency
+    # Across granules with no ICI run: no ICI dim; cores of one chip: one.
+    line = line_of_chips(3, False, [0, 1, 2], granule=[0, 1, 2], dcn=3)
+    assert (line.ici_dims, line.link_factor) == (0, line.efficiency)
+    assert line_of_chips(2, False, [0, 1], cores=2).ici_dims == 1
+
+
+def test_tensor_axis_over_two_dims_of_a_v5p_cube():
+    """v5p-1024 is 8x8x8 chips: a tensor axis of 16 spans two dims, one of 8 one dim."""
+    sixteen = lm.plan_mesh((32, 16), tpu_slices((8, 8, 8), kind="TPU v5"), axis_names=("data", "t"))
+    eight = lm.plan_mesh((64, 8), tpu_slices((8, 8, 8), kind="TPU v5"), axis_names=("data", "t"))
+    assert sixteen.quality()["t"].ici_dims == 2 and eight.quality()["t"].ici_dims == 1
+    assert sixteen.quality()["data"].ici_dims == 2

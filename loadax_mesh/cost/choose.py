@@ -225,7 +225,7 @@ def choose_mesh(
             break  # perfect rings would not beat the top: neither will real ones
         config = MeshConfig(HybridMeshShape(c.ici, c.dcn), names, batch)
         plan = plan_config(config, devices, granule="auto", hardware=hardware)
-        efficiency = {a: q.efficiency for a, q in plan.quality().items()}
+        efficiency = {a: q.link_factor for a, q in plan.quality().items()}
         fastest = _fastest(model, c.roles, c.factors, efficiency, facts, c.recipes)
         ranking.planned += 1
         best.append((fastest.key, Choice(config, plan, fastest.estimate, fastest.train)))

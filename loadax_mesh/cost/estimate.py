@@ -128,7 +128,7 @@ def plan_parts(
         a: (i, d)
         for a, i, d in zip(plan.axis_names, plan.ici_mesh_shape, plan.dcn_mesh_shape, strict=True)
     }
-    return r, factors, {a: q.efficiency for a, q in plan.quality().items()}, facts
+    return r, factors, {a: q.link_factor for a, q in plan.quality().items()}, facts
 
 
 def estimate_parts(
@@ -259,15 +259,15 @@ def step_flops(
     execute, not the model's), its experts' weight gradients over the rows `expert_rows` gives
     them (`grouped_kernel`: the platform runs ragged_dot as a grouped kernel). The backward
     pass runs again the op of every tensor the remat placement recomputes and the backward pass
-    reads (saved.recomputed: under "full" the whole layer but a dense layer's down
-    projection), and, with chunked logits, the head of each chunk (the chunk's logits are
-    recomputed, not saved)."""
+    reads (saved.recomputed: under "full" the whole layer but a dense layer's down projection
+    and a parallel block's output projection), and, with chunked logits, the head of each chunk
+    (the chunk's logits are recomputed, not saved)."""
     sh = Shapes.of(model, train, r)
     m = r.size("model")
     ops = op_flops(model)
     layer = sum(ops.values())
     head = 2 * model.vocab_size * model.d_model
-    again = sum(ops[t] for t in recomputed(train))
+    again = sum(ops[t] for t in recomputed(train, parallel=model.parallel_block))
     if model.num_experts:  # its dense layers as above, its MoE layers with their own MLP
         dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
         mixed = ops | moe_op_flops(model, train, r, grouped_kernel=grouped_kernel)

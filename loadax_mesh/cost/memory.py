@@ -28,7 +28,7 @@ from ..workload.layout import Roles, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
 from .moe import MOE_NAMES, dense_layer_weights, moe_intermediates, moe_layer_weights
-from .saved import PARTS, kept
+from .saved import PARTS, kept, recomputed
 from .stored import Shapes, shard_bytes, stored
 from .sublayer import counted_per_sublayer, recomputed_working
 
@@ -91,6 +91,8 @@ def _found(
     if roles.size("model") > 1:  # the norms' outputs gathered whole for the matmuls
         whole = (r, s, model.d_model)
         found |= {"gathered attention norm": (whole, cd), "gathered mlp norm": (whole, cd)}
+    if model.parallel_block:  # the MLP reads the attention's norm (gathered once for both)
+        found = {n: v for n, v in found.items() if "mlp norm" not in n}
     if roles.size("seq") > 1:  # keys and values gathered along the sequence
         full = (r, model.seq_len, sh.kv_heads, hd)
         found |= {"gathered k": (full, cd), "gathered v": (full, cd)}
@@ -148,7 +150,7 @@ def layer_bytes(
         return sum(sizes.values())
     return sum(
         sizes[name] if found.get(name) is value else _stored(name, value, tile, saved)
-        for name, value in kept(train, found, where, kernel, model.mlp).items()
+        for name, value in kept(train, found, where, kernel, model).items()
     )
 
 
@@ -216,7 +218,7 @@ def working_bytes(
         wide, narrow = stored(*found["expert out"], tile), stored(*found["expert gate"], tile)
         peak = max(2 * wide + 4 * narrow, 5 * wide + 3 * narrow)
         return max(_WORKING[train.remat] * rest, rest + peak)
-    again = (n for t, p in train.placements.items() if p == "recompute" for n in PARTS[t])
+    again = (n for t in recomputed(train, parallel=model.parallel_block) for n in PARTS[t])
     return everything + sum(stored(*found[n], tile) for n in again if n in found)
 
 

@@ -4,7 +4,7 @@ is, and, with no checkpoint at all, what jax's autodiff itself saves (cost/memor
 
 from __future__ import annotations
 
-from ..workload.spec import TrainSpec
+from ..workload.spec import ModelSpec, TrainSpec
 from . import mla
 from .moe import moe_residuals
 
@@ -27,13 +27,24 @@ PARTS = {
 }
 
 
-def recomputed(train: TrainSpec, *, moe: bool = False) -> tuple[str, ...]:
+def parts(tensor: str, *, parallel: bool = False) -> tuple[str, ...]:
+    """`PARTS[tensor]`; in a parallel block (`ModelSpec.parallel_block`) the output projection,
+    like the down projection, only feeds the sum added to the residual: nothing keeps it."""
+    return () if parallel and tensor == "out_proj" else PARTS[tensor]
+
+
+def recomputed(train: TrainSpec, *, moe: bool = False, parallel: bool = False) -> tuple[str, ...]:
     """The named tensors whose op a layer's backward pass runs again: those the placement
     recomputes that the backward pass reads. A dense layer's down projection is never run
-    again (PARTS: nothing reads its output); a MoE layer's is, as its combine's gradient for
+    again (PARTS: nothing reads its output), nor a parallel block's output projection
+    (`parallel`); a MoE layer's down projection is, as its combine's gradient for
     the routing weights reads the experts' outputs (jaxprs of the reference step's gradient
     under "full", "dots", "dots_attention" and "offload": tests/workload/test_recompute.py)."""
-    return tuple(t for t, p in train.placements.items() if p == "recompute" and (moe or PARTS[t]))
+    return tuple(
+        t
+        for t, p in train.placements.items()
+        if p == "recompute" and (moe or parts(t, parallel=parallel))
+    )
 
 
 def kept(
@@ -41,18 +52,18 @@ def kept(
     found: dict[str, tuple[tuple[int, ...], int]],
     where: str,
     kernel: str,
-    mlp: str,
+    model: ModelSpec,
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """The intermediates the recipe keeps `where` ("device" or "offload") for the backward
-    pass: the named tensors it places there, or under "none" (no checkpoint) what autodiff
-    itself saves (`residuals`)."""
+    pass of a layer of `model`: the named tensors it places there (`parts`), or under "none"
+    (no checkpoint) what autodiff itself saves (`residuals`)."""
     if train.remat == "none":
-        return residuals(found, kernel, mlp) if where == "device" else {}
+        return residuals(found, kernel, model.mlp) if where == "device" else {}
     return {
         n: found[n]
         for t, p in train.placements.items()
         if p == where
-        for n in PARTS[t]
+        for n in parts(t, parallel=model.parallel_block)
         if n in found
     }
 
@@ -78,13 +89,15 @@ def residuals(
     activation. The rotary embedding (linear), the output and down projections and the
     residual adds (their outputs only feed adds) keep nothing. As the TPU
     compiler's buffers show them (LLaMA-3 70B, v5p-1024, fsdp 128 x seq 4: six [layers, rows,
-    seq, d_ff] stacks, four float32 [.., d_model], two compute-dtype [.., d_model])."""
+    seq, d_ff] stacks, four float32 [.., d_model], two compute-dtype [.., d_model]). A parallel
+    block has one norm (no "mlp norm" in `found`)."""
     f32: tuple[tuple[int, ...], int] = (found["input"][0], 4)
     key = "rotated k" if "rotated k" in found else "k"  # latent attention's k is rotated
     kv = ("gathered k", "gathered v") if "gathered k" in found else (key, "v")
-    names = ["attention norm input", "attention norm", "mlp norm input", "mlp norm"]
+    norms = ("attention", "mlp") if "mlp norm" in found else ("attention",)  # parallel: one
+    names = [n for norm in norms for n in (f"{norm} norm input", f"{norm} norm")]
     names += ["rotated q", *kv, "attention"]
-    extra: dict[str, tuple[tuple[int, ...], int]] = {"attention normed": f32, "mlp normed": f32}
+    extra: dict[str, tuple[tuple[int, ...], int]] = {f"{norm} normed": f32 for norm in norms}
     extra |= mla.residuals(found)
     if "up" not in found:  # a MoE layer: its block's residuals
         extra |= moe_residuals(found)

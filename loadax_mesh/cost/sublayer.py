@@ -45,7 +45,7 @@ def recomputed_working(
 
     cd = dtype_bytes(compute_dtype)
     mlp_weights = model.mlp_params(model.d_ff) // m * cd
-    attention_weights = (model.layer_params - 2 * model.d_model) // m * cd - mlp_weights
+    attention_weights = (model.layer_params - model.norms * model.d_model) // m * cd - mlp_weights
     key = "rotated k" if "rotated k" in sizes else "k"  # latent attention's k is rotated
     kv = ("gathered k", "gathered v") if "gathered k" in sizes else (key, "v")
     residuals = size(("rotated q", *kv, "attention", "attention logsumexp", "scores"))
@@ -55,7 +55,8 @@ def recomputed_working(
     read = {"swiglu": projections, "gelu": ("up",), "relu": ()}[model.mlp]
     own = size(projections) + size(read)
     mlp = 2 * mlp_weights + attention_weights + own + residuals + stream
-    mlp += size(("gathered mlp norm",))
+    # (a parallel block's MLP reads the attention's norm: `memory._found` has no MLP norm)
+    mlp += size(("gathered mlp norm" if "mlp norm" in sizes else "gathered attention norm",))
     attention = 2 * attention_weights + mlp_weights + 2 * residuals + stream
     attention += size(("gathered attention norm",))
     return max(mlp, attention)

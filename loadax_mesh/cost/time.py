@@ -160,7 +160,9 @@ def step_time(
         return max(flops / rate, kernel_bytes / hbm)
 
     placed = train.placements
-    recomputed = [op for op in recomputed_ops(train) if op in projections]
+    recomputed = [
+        op for op in recomputed_ops(train, parallel=model.parallel_block) if op in projections
+    ]
     attention_again = placed["attention_out"] == "recompute"
     layer_fwd = sum(projections.values())
     # Each matmul runs three times (forward; backward for the input's gradient and the
@@ -208,7 +210,9 @@ def step_time(
     # loss's; the optimizer's update per parameter.
     rot_q, rot_k = rotated or (q_width, kv_width)
     extra_fwd, extra_bwd = mla.elementwise(model, tensor) if latent else (0, 0)
-    fwd_elements, bwd_elements = _layer_elementwise(stream, rot_q, rot_k, d_ff, model.mlp)
+    fwd_elements, bwd_elements = _layer_elementwise(
+        stream, rot_q, rot_k, d_ff, model.mlp, norms=model.norms
+    )
     fwd_elements, bwd_elements = fwd_elements + extra_fwd, bwd_elements + extra_bwd
     elementwise_fwd, elementwise_bwd = fwd_elements * act, bwd_elements * act
     again = elementwise_fwd if recomputed or attention_again else 0  # the forward recomputed
@@ -298,21 +302,22 @@ def _calibrations() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _layer_elementwise(
-    stream: int, q_width: int, kv_width: int, d_ff: int, mlp: str
+    stream: int, q_width: int, kv_width: int, d_ff: int, mlp: str, *, norms: int = 2
 ) -> tuple[int, int]:
     """Activation elements a layer's memory-bound operations read and write per token, forward
-    and backward. Forward: two RMSNorms (each reads the stream and writes it), two residual
-    adds (each reads two streams, writes one), rotary (q and k read and written), the MLP's
-    activation: the SwiGLU gate (gate and up read, their product written), a two-matrix MLP's
-    ReLU or GELU (up read, its activation written). Backward: each norm reads its input and
-    its output's gradient and writes its input's, each add reads the two gradients it sums and
-    writes the sum, rotary reads and writes the gradients of q and k, the gate reads gate, up
-    and the product's gradient and writes the gradients of gate and up, a ReLU or GELU reads up
-    (or its sign) and the activation's gradient and writes up's."""
+    and backward. Forward: `norms` RMSNorms (two; a parallel block's one), each reading the
+    stream and writing it, two residual adds (each reads two streams, writes one), rotary (q
+    and k read and written), the MLP's activation: the SwiGLU gate (gate and up read, their
+    product written), a two-matrix MLP's ReLU or GELU (up read, its activation written).
+    Backward: each norm reads its input and its output's gradient and writes its input's, each
+    add reads the two gradients it sums and writes the sum, rotary reads and writes the
+    gradients of q and k, the gate reads gate, up and the product's gradient and writes the
+    gradients of gate and up, a ReLU or GELU reads up (or its sign) and the activation's
+    gradient and writes up's."""
     rotary = 2 * (q_width + kv_width)
     gate_fwd, gate_bwd = (3 * d_ff, 5 * d_ff) if mlp == "swiglu" else (2 * d_ff, 3 * d_ff)
-    norms_fwd, adds_fwd = 2 * (stream + stream), 2 * (2 * stream + stream)
-    norms_bwd, adds_bwd = 2 * 3 * stream, 2 * 3 * stream
+    norms_fwd, adds_fwd = norms * (stream + stream), 2 * (2 * stream + stream)
+    norms_bwd, adds_bwd = norms * 3 * stream, 2 * 3 * stream
     return norms_fwd + adds_fwd + rotary + gate_fwd, norms_bwd + adds_bwd + rotary + gate_bwd
 
 

@@ -32,6 +32,8 @@ device and per step. What each role's axis carries:
   gradients; it reduce-scatters the norms' output gradients. A recompute gathers a norm's
   output again where it recomputes the projections reading it (q, k, v; gate and up), and
   reduce-scatters the attention half's output where it recomputes the output projection.
+  A parallel block (`ModelSpec.parallel_block`) has one norm output to gather for both
+  halves and one output gradient: fewer gathers, as its compile shows (`_parallel_block_runs`).
   Outside the layers: the lookup's all-reduce and its gradient's gather, the final norm's
   output gathered for the logits and for the unembedding's gradient, and its gradient
   reduce-scattered. (The TPU compiler runs some inside the matmuls as permute rings, and some
@@ -156,11 +158,14 @@ def collectives(
         ]  # fmt: skip
     if roles.model is not None and m > 1:
         t, activation = roles.model, sh.micro_rows * sh.seq * d * cd
-        gathers, reductions = L * (2 + 6 + norms_again), L * (2 + 2 + again)
-        # Overlapped (libtpu): the backward pass's gathers but one that regathers a norm's
-        # output (the recompute's, or for the weight gradients), and one reduce-scatter of
-        # each pass (a windowed matmul); the rest wait.
-        hidden = (L * (6 + norms_again - max(norms_again, 1)), 2 * L) if overlapped else (0, 0)
+        if model.parallel_block:
+            gathers, reductions, hidden = _parallel_block_runs(placed, L, overlapped=overlapped)
+        else:
+            gathers, reductions = L * (2 + 6 + norms_again), L * (2 + 2 + again)
+            # Overlapped (libtpu): the backward pass's gathers but one that regathers a norm's
+            # output (the recompute's, or for the weight gradients), and one reduce-scatter of
+            # each pass (a windowed matmul); the rest wait.
+            hidden = (L * (6 + norms_again - max(norms_again, 1)), 2 * L) if overlapped else (0, 0)
         found += [
             Collective(t, "all-gather", "hidden-cut activations", activation,
                        (gathers - hidden[0] + 3) * M, False),
@@ -211,6 +216,26 @@ def layer_collectives(
         Collective(a, "all-gather", "MLP weights", layer - attention, 2 * runs, True),
         gradients,
     ]
+
+
+def _parallel_block_runs(
+    placed: dict[str, str], layers: int, *, overlapped: bool
+) -> tuple[int, int, tuple[int, int]]:
+    """A parallel block's tensor-parallel activation collectives over `layers` layers:
+    (gathers, reduce-scatters, (of which hidden gathers, hidden reduce-scatters)), as the
+    scheduled HLO of a tensor-16 step shows them (benchmarks/probe_overlap.py --parallel, 2
+    layers, full and dots remat). Forward: the norm's output gathered once for both halves,
+    the halves' outputs reduced one by one (one as a windowed matmul); the output projection
+    is never recomputed. Backward: two gathers without a recompute (both wait: the output's
+    gradient, once for both halves, and the norm's output for the weight gradients), five where
+    the projections reading the norm are recomputed (four of them async beside matmuls); the
+    gradient of the norm's output reduced twice, the attention's three partial sums together
+    and the MLP's as a windowed matmul. Without overlap (GPU; not compiled there) all wait."""
+    recompute = "recompute" in (placed["query"], placed["key"], placed["value"], placed["mlp_in"])
+    backward = (1 + 4) if recompute else 2
+    gathers, reductions = layers * (1 + backward), layers * (2 + 2)
+    hidden = (layers * 4 * recompute, 2 * layers) if overlapped else (0, 0)
+    return gathers, reductions, hidden
 
 
 def weight_arrays(model: ModelSpec) -> int:

@@ -221,6 +221,12 @@ def _resized(model: ModelSpec) -> dict[str, str]:
 def _model(model: ModelSpec) -> dict[str, str]:
     # its keys below spell a dense model, or MaxText's own config of a MoE model (resized)
     check_modelled(model, by="the MaxText export", experts=True, latent=True)
+    if model.parallel_block:  # MaxText's decoder blocks today are sequential; no key says so
+        raise MeshConfigError(
+            f"model {model.name!r}: parallel_block=True has no MaxText key (its decoder layers "
+            "run attention and the MLP one after the other; its 2023 parallel layer is gone); "
+            "accepted: parallel_block=False, or the export without a model"
+        )
     keys = {"max_target_length": str(model.seq_len)}
     if model.name in MODELS:
         return {"model_name": model.name, **_resized(model), **keys}

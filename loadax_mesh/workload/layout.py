@@ -163,6 +163,12 @@ def check_modelled(
                 + (", or such models with SwiGLU experts" if experts else "")
                 + (" or latent attention" if latent else "")
             )
+    if model.parallel_block and (model.num_experts or model.attention != "gqa"):
+        raise MeshConfigError(
+            f"model {model.name!r}: parallel_block=True with num_experts={model.num_experts}, "
+            f"attention={model.attention!r} is not modelled yet by {by}; accepted: a parallel "
+            "block in a dense GQA model"
+        )
     if experts and model.num_experts and model.mlp != "swiglu":
         raise MeshConfigError(
             f"model {model.name!r}: mlp={model.mlp!r} with num_experts={model.num_experts} is "
@@ -174,7 +180,7 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]
     """Every parameter: its shape and logical axes. Layer weights are stacked on a leading dim
     (a scan runs over it): `layers/` the dense layers (all `num_layers` of a dense model),
     `moe_layers/` the MoE layers of a model with experts (`moe_param_shapes`). A two-matrix MLP
-    has no gate; tied embeddings no unembedding."""
+    has no gate; tied embeddings no unembedding; a parallel block one norm (`attn_norm`)."""
     check_modelled(model, by="the reference step", experts=True, latent=True)
     m = model
     L, D, F = m.num_layers - m.num_moe_layers, m.d_model, m.d_ff
@@ -184,7 +190,7 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]
         "final_norm": ((D,), (None,)),
         "layers/attn_norm": ((L, D), (None, None)),
         **attention,
-        "layers/mlp_norm": ((L, D), (None, None)),
+        **({} if m.parallel_block else {"layers/mlp_norm": ((L, D), (None, None))}),
         **({"layers/w_gate": ((L, D, F), (None, "embed", "mlp"))} if m.mlp == "swiglu" else {}),
         "layers/w_up": ((L, D, F), (None, "embed", "mlp")),
         "layers/w_down": ((L, F, D), (None, "mlp", "embed")),

@@ -60,12 +60,16 @@ class ModelSpec:
     attention: queries through a rank `q_lora_rank` bottleneck (0: a full-rank projection),
     keys and values through one of rank `kv_lora_rank` (each bottleneck normed);
     `qk_nope_head_dim` + `qk_rope_head_dim` = `head_dim` per query/key head, `v_head_dim` per
-    value head. `num_heads * head_dim` need not equal `d_model`.
+    value head. `num_heads * head_dim` need not equal `d_model`. `parallel_block`: attention and
+    the MLP both read one RMSNorm of the layer's input and their outputs are added to the
+    residual together (GPT-J's and PaLM's layer, MaxText's of 2023); otherwise each sublayer
+    has its own norm and adds to the residual in turn.
 
     Raises:
         MeshConfigError: when built with a size that is not a positive int, an unknown `mlp`,
-            `router` or `attention`, experts per token above the expert count, or latent
-            attention without its ranks.
+            `router` or `attention`, experts per token above the expert count, latent
+            attention without its ranks, or a `tied_embeddings` or `parallel_block` that is not
+            a bool.
     """
 
     name: str
@@ -95,6 +99,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    parallel_block: bool = False
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}"
@@ -108,10 +113,11 @@ class ModelSpec:
                 f"{where}: num_kv_heads={self.num_kv_heads} does not divide "
                 f"num_heads={self.num_heads}; accepted: a divisor of num_heads"
             )
-        if not isinstance(self.tied_embeddings, bool):
-            raise MeshConfigError(
-                f"{where}: tied_embeddings={self.tied_embeddings!r}; accepted: true or false"
-            )
+        for flag in ("tied_embeddings", "parallel_block"):
+            if not isinstance(getattr(self, flag), bool):
+                raise MeshConfigError(
+                    f"{where}: {flag}={getattr(self, flag)!r}; accepted: true or false"
+                )
         scaling = self.routed_scaling
         if type(scaling) not in (int, float) or not 0 < scaling < math.inf:
             raise MeshConfigError(
@@ -218,12 +224,18 @@ class ModelSpec:
             mlp = (
                 self.d_model * self.num_experts + experts * self.mlp_params(self.moe_d_ff) + shared
             )
-        return 2 * self.d_model + self.attention_params + mlp
+        return self.norms * self.d_model + self.attention_params + mlp
+
+    @property
+    def norms(self) -> int:
+        """RMSNorms a layer applies to the residual stream: one for a parallel block, two
+        otherwise (before attention, before the MLP)."""
+        return 1 if self.parallel_block else 2
 
     @property
     def layer_params(self) -> int:
-        """Parameters of one layer of a dense model (every layer alike): two norms, attention,
-        the MLP. A model with MoE layers has no single figure: see num_params."""
+        """Parameters of one layer of a dense model (every layer alike): its norms (`norms`),
+        attention, the MLP. A model with MoE layers has no single figure: see num_params."""
         if self.num_experts:
             raise MeshConfigError(
                 f"model {self.name!r}: layer_params of a model with num_experts="

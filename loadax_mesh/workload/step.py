@@ -2,7 +2,8 @@
 
 Embedding (one table for the logits too when tied), RMSNorm, grouped-query attention (or DeepSeek's
 multi-head latent attention) with a causal mask and rotary positions, an MLP (SwiGLU, or two
-matrices with ReLU or GELU between), layers under `lax.scan` with a remat policy, cross-entropy in
+matrices with ReLU or GELU between), one after the other or as a parallel block (both off one
+norm, their outputs summed), layers under `lax.scan` with a remat policy, cross-entropy in
 float32, Adam, and the recipe of TrainSpec: each named tensor of a layer recomputed, saved on the
 device or offloaded to host memory; gradients accumulated over micro-batches; the loss over chunks.
 Parameters, Adam moments and activations are sharded by the logical rules of `layout`. Inputs can
@@ -217,11 +218,30 @@ class Step:
         )
 
     def _layer(self, x: jax.Array, p: Params, *, act: NamedSharding) -> tuple[jax.Array, None]:
-        cdt = x.dtype
         # The layer's input named inside the checkpointed function: a policy may then offload
         # it (MaxText's decoder_layer_input); everything below reads the named value.
         x = checkpoint_name(x, "layer_input")
         h = _rms_norm(x, p["attn_norm"])
+        if self.model.parallel_block:
+            # Both halves read h; their outputs are summed into the residual. The MLP is written
+            # first so that the backward pass adds the attention's partial gradients of h (q, k
+            # and v) before the MLP's: libtpu then reduces the three over the tensor axis in one
+            # collective, as in a sequential layer (attention first: one each; RESULTS.md).
+            down = self._mlp(h, p)
+            return jax.lax.with_sharding_constraint(x + (self._attention(h, p) + down), act), None
+        x = jax.lax.with_sharding_constraint(x + self._attention(h, p), act)
+        h = _rms_norm(x, p["mlp_norm"])
+        if "router" in p:  # a MoE layer (moe.py)
+            mix = moe_mlp(
+                h, p, mesh=self.mesh, roles=self.roles, model=self.model, train=self.train
+            )
+            return jax.lax.with_sharding_constraint(x + checkpoint_name(mix, "mlp_out"), act), None
+        return jax.lax.with_sharding_constraint(x + self._mlp(h, p), act), None
+
+    def _attention(self, h: jax.Array, p: Params) -> jax.Array:
+        """The attention sublayer of the normed residual `h`, through its output projection
+        (named `out_proj`)."""
+        cdt = h.dtype
         if self.model.attention == "mla":
             q, k, v = self._latent_qkv(h, p)
         else:
@@ -233,14 +253,11 @@ class Step:
             q, k = _rotate(q, sin, cos), _rotate(k, sin, cos)
         o = attention(q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles)
         o = checkpoint_name(o, "attention_out")
-        out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
-        x = jax.lax.with_sharding_constraint(x + out, act)
-        h = _rms_norm(x, p["mlp_norm"])
-        if "router" in p:  # a MoE layer (moe.py)
-            mix = moe_mlp(
-                h, p, mesh=self.mesh, roles=self.roles, model=self.model, train=self.train
-            )
-            return jax.lax.with_sharding_constraint(x + checkpoint_name(mix, "mlp_out"), act), None
+        return checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
+
+    def _mlp(self, h: jax.Array, p: Params) -> jax.Array:
+        """A dense layer's MLP of the normed residual `h` (its output named `mlp_out`)."""
+        cdt = h.dtype
         if self.model.mlp == "swiglu":  # gate first, as the memory model was measured on
             gate = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt)), "mlp_in")
             up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
@@ -249,8 +266,7 @@ class Step:
             up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
             hidden = _ACTIVATIONS[self.model.mlp](up)
         down = jnp.einsum("bsf,fd->bsd", hidden, p["w_down"].astype(cdt))
-        x = x + checkpoint_name(down, "mlp_out")
-        return jax.lax.with_sharding_constraint(x, act), None
+        return checkpoint_name(down, "mlp_out")
 
     def _latent_qkv(self, h: jax.Array, p: Params) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Multi-head latent attention's q, k and v from the normed residual `h`: the query

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from loadax_mesh import MeshConfig, simulate_devices
@@ -72,7 +74,7 @@ def test_a_two_matrix_tied_model_is_written_with_its_activation_and_one_table() 
     """MaxText's 2023 16B as its MlpBlock and embedding spell it: one activation (relu: w_up
     is MaxText's `wi`, remat key mlpwi), logits through the embedding, not divided by
     sqrt(d_model) as MaxText's default does and the step does not."""
-    model = ModelSpec.from_name("maxtext-2023-16b")
+    model = replace(ModelSpec.from_name("maxtext-2023-16b"), parallel_block=False)
     train = TrainSpec(global_batch=256, remat="dots")
     keys = _plan("fsdp", "tpu-v5litepod-256").to_maxtext(train, model=model, order=False).keys
     assert keys["mlp_activations"] == "['relu']" and keys["logits_via_embedding"] == "true"
@@ -88,6 +90,16 @@ def test_a_two_matrix_tied_model_is_written_with_its_activation_and_one_table() 
     )
     assert llama.keys["mlp_activations"] == "['silu','linear']"
     assert "normalize_embedding_logits" not in llama.keys
+
+
+def test_a_parallel_block_is_refused_naming_the_field() -> None:
+    """MaxText's 2023 layer (attention and the MLP off one norm) is not among today's decoder
+    blocks: exporting it would train a different model."""
+    model = ModelSpec.from_name("maxtext-2023-16b")
+    with pytest.raises(MeshConfigError, match="parallel_block=True has no MaxText key"):
+        _plan("fsdp", "tpu-v5litepod-256").to_maxtext(
+            TrainSpec(global_batch=256), model=model, order=False
+        )
 
 
 def test_sequence_parallel_is_maxtext_context_and_is_said_to_be_approximate() -> None:

@@ -100,7 +100,7 @@ def test_maxtext_2023_models_follow_its_scaling_rule_and_names():
         m = ModelSpec.from_name(f"maxtext-2023-{size}b")
         assert (m.d_model, m.num_heads, m.d_ff, m.num_layers) == (d, heads, f, layers), size
         assert (m.head_dim, m.num_kv_heads, m.vocab_size, m.seq_len) == (256, heads, 32768, 2048)
-        assert m.mlp == "relu" and m.tied_embeddings, size
+        assert m.mlp == "relu" and m.tied_embeddings and m.parallel_block, size
         assert abs(m.num_params / (size * B) - 1) < 0.02, (size, m.num_params)
         assert m.num_active_params == m.num_params
     gpt3 = ModelSpec.from_name("gpt3-175b")  # arXiv:2005.14165, Table 2.1: 175.0B
