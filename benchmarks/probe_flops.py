@@ -134,14 +134,16 @@ def host_transfers(hlo: HloText) -> tuple[float, float]:
             arrays = _HOST_ARRAY.findall(i.shape)
             if "S(5)" not in i.shape or len(arrays) < 2:
                 continue
-            if i.opcode == "copy-start":  # (destination, source, context)
+            # a scan's host slices may print as async-start, named for the op they wrap
+            op = i.name.rsplit(".", 1)[0] if i.opcode == "async-start" else i.opcode
+            if op == "copy-start":  # (destination, source, context)
                 if "S(5)" in arrays[0]:
                     out += times * shape_bytes(arrays[0])
                 else:
                     back += times * shape_bytes(arrays[0])
-            elif i.opcode == "dynamic-update-slice-start":  # ((buffer, update, ...), ...)
+            elif op == "dynamic-update-slice-start":  # ((buffer, update, ...), ...)
                 out += times * shape_bytes(arrays[1])
-            elif i.opcode == "dynamic-slice-start":  # ((buffer, indices), slice, context)
+            elif op == "dynamic-slice-start":  # ((buffer, indices), slice, context)
                 back += times * max(shape_bytes(a) for a in arrays if "S(5)" not in a)
     return out, back
 
