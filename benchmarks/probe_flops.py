@@ -4,9 +4,10 @@ Two commands. `ours` compiles the reference step (`compile_step`) and writes its
 text; `list` reads such a text (ours, or MaxText's `*jit_train_step*after_optimizations.txt`
 from `--xla_dump_to`) and prints per device: XLA's cost-analysis FLOPs with every loop trip
 counted (`step_flops`, what `CompileReport.flops` reports; kernels add nothing there), the
-roofline's FLOPs (the splash kernels counted from their shapes), the operations by FLOPs
-(a fusion labelled by the matmuls it fuses, with the jax op that made it), and the operand
-bytes of each kind of collective.
+roofline's FLOPs (the splash kernels counted from their shapes; megablox's grouped matmuls are
+not counted), the operations by FLOPs (a fusion labelled by the matmuls it fuses, with the jax
+op that made it), the bytes an offload copies to host memory and back, and the operand bytes
+of each kind of collective.
 
     python benchmarks/probe_flops.py ours tpu-v5p-1024 fsdp "llama3-405b:num_layers=2" 1024 \\
         --remat attention_out=offload,mlp_out=offload --logits-chunks 4 --out ours.hlo.txt
@@ -120,6 +121,33 @@ def _where(op_name: str) -> tuple[str, str]:
     return phase, "/".join(parts[-3:])
 
 
+_HOST_ARRAY = re.compile(r"\w+\[[\d,]*\]\{[^}]*\}")
+
+
+def host_transfers(hlo: HloText) -> tuple[float, float]:
+    """Bytes copied to host memory and back per step: copies whose destination or source is in
+    host memory space S(5) (an unrolled offload), and asynchronous dynamic-update-slices into /
+    dynamic-slices out of a host buffer (a scan's stacked offload), loop trips counted."""
+    out = back = 0.0
+    for name, times in _scheduled(hlo).items():
+        for i in hlo.computations[name]:
+            arrays = _HOST_ARRAY.findall(i.shape)
+            if "S(5)" not in i.shape or len(arrays) < 2:
+                continue
+            # a scan's host slices may print as async-start, named for the op they wrap
+            op = i.name.rsplit(".", 1)[0] if i.opcode == "async-start" else i.opcode
+            if op == "copy-start":  # (destination, source, context)
+                if "S(5)" in arrays[0]:
+                    out += times * shape_bytes(arrays[0])
+                else:
+                    back += times * shape_bytes(arrays[0])
+            elif op == "dynamic-update-slice-start":  # ((buffer, update, ...), ...)
+                out += times * shape_bytes(arrays[1])
+            elif op == "dynamic-slice-start":  # ((buffer, indices), slice, context)
+                back += times * max(shape_bytes(a) for a in arrays if "S(5)" not in a)
+    return out, back
+
+
 def listing(args: argparse.Namespace) -> None:
     """FLOPs by operation and collective bytes of an optimised HLO text."""
     import jax
@@ -151,8 +179,8 @@ def listing(args: argparse.Namespace) -> None:
                     size = sum(shape_bytes(hlo.by_name[o].shape) for o in ops if o in hlo.by_name)
                     moved[i.opcode.removesuffix("-start")] += times * size
                 continue
-            if i.opcode in _FREE:
-                continue
+            if i.opcode in _FREE or i.opcode.startswith("custom-call-"):
+                continue  # an async custom call runs on the host (offload's HostExecute)
             if i.opcode == "custom-call":
                 counted = _kernel(i, hlo)
                 f = 0.0 if counted is None else counted[0]
@@ -182,6 +210,8 @@ def listing(args: argparse.Namespace) -> None:
         print(f"    {phase}: {sum(f for k, f in by_source.items() if k[0] == phase):.4g}")
         for source, f in sorted(part.items(), key=lambda x: -x[1]):
             print(f"      {source[-70:]:<70} {f:.4g}")
+    out, back = host_transfers(hlo)
+    print(f"  host transfers per step: {out / 1e9:.3f} GB out, {back / 1e9:.3f} GB back")
     print("  collectives, operand bytes per step:")
     for kind, b in sorted(moved.items(), key=lambda x: -x[1]):
         print(f"    {kind:<24} {b / 1e9:.3f} GB")

@@ -178,6 +178,8 @@ class HloText:
 
     def _constant(self, name: str) -> int | None:
         value = self.by_name.get(name)
+        while value is not None and value.opcode == "copy":  # a peeled loop's counter: copy(1)
+            value = self.by_name.get(_operand_names(value)[0])
         if value is not None and value.opcode == "constant" and value.operands.isdigit():
             return int(value.operands)
         return None

@@ -176,6 +176,18 @@ def test_a_loop_whose_counter_steps_by_two_runs_half_the_trips():
     assert {c.name: c.count for c in collectives(hlo, 4)} == {"left": 4, "right": 4}
 
 
+def test_a_peeled_loop_counts_from_the_copy_its_counter_starts_at():
+    # MaxText's scanned layers at 48 layers: the first trip peeled into the entry and the loop's
+    # counter initialised with copy(constant(1)); here 2, 4, 6 < 8: three trips.
+    text = WINDOWED.replace(
+        "%zero = u32[] constant(0)\n  %init = (u32[], bf16[2,128]) tuple(%zero, %x)",
+        "%two = u32[] constant(2)\n  %start = u32[] copy(%two)\n"
+        "  %init = (u32[], bf16[2,128]) tuple(%start, %x)",
+    )
+    assert text != WINDOWED
+    assert {i.name: t for _, i, t in HloText(text).loops()} == {"ring": 3}
+
+
 SHARD_MAP = """HloModule jit_step, is_scheduled=true
 
 ENTRY %main (x: bf16[4,128]) -> bf16[4,128] {
