@@ -50,7 +50,8 @@ device and per step. What each role's axis carries:
   full-remat recompute) and their gradients reduce-scattered.
 An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase; the time
 of a phase is a ring's: (n - 1) / n of the bytes over the link (both directions of an ICI ring,
-times the plan's ring efficiency; the device's share of its host's network across granules)
+times the plan's `AxisQuality.link_factor`: ring efficiency times the torus dims the axis
+spans; the device's share of its host's network across granules)
 plus one latency per step.
 """
 
@@ -327,7 +328,8 @@ def axis_traffic(
     facts: DeviceFacts,
 ) -> dict[str, AxisTraffic]:
     """Per mesh axis: bytes split into ICI and DCN phases and their time. `factors` gives each
-    axis's (ici, dcn) sizes, `efficiency` its ICI ring efficiency from the plan's quality."""
+    axis's (ici, dcn) sizes, `efficiency` its ICI bandwidth factor (the plan's
+    `AxisQuality.link_factor`)."""
     role = {
         roles.expert: "expert",
         roles.fsdp: "fsdp",
