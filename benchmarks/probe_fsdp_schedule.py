@@ -27,85 +27,78 @@ import re
 from collections import Counter
 from pathlib import Path
 
-_HEAD = re.compile(r"^(?:ENTRY )?%(\S+) ")
-_OP = re.compile(r" (all-gather|all-reduce|reduce-scatter)(-start)?\(%")
+from loadax_mesh.compiler.hlo import HloText, Instruction
+
+_KINDS = ("all-gather", "all-reduce", "reduce-scatter")
 _SHAPE = re.compile(r"(bf16|f32|s32|u32|f16|s8)\[([\d,]*)\]")
 _BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "s8": 1}
 
 
-def computations(hlo: str) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    name = None
-    for line in hlo.splitlines():
-        head = _HEAD.match(line)
-        if head and line.rstrip().endswith("{"):
-            name = head[1]
-            found[name] = []
-        elif name and line.startswith("  "):
-            found[name].append(line)
-    return found
-
-
-def buffer_bytes(text: str) -> tuple[str, int]:
-    """The first array shape of `text` (an op's result) and its bytes."""
-    m = _SHAPE.search(text)
+def buffer_bytes(shape: str) -> tuple[str, int]:
+    """The first array of a result shape (an async start's tuple holds its operand first) and
+    its bytes."""
+    m = _SHAPE.search(shape)
     if m is None:
         return "?", 0
     dims = [int(d) for d in m[2].split(",") if d]
     return f"{m[1]}[{m[2]}]", _BYTES[m[1]] * math.prod(dims)
 
 
-def collectives_in(comps: dict[str, list[str]], name: str, depth: int = 0) -> list[str]:
-    """The collective ops inside a called computation (fusions nest), as result lines."""
+def _kind(i: Instruction) -> tuple[str, bool] | None:
+    """(collective kind, whether it is an async start), or None for any other op."""
+    base = i.opcode.removesuffix("-start")
+    return (base, i.opcode != base) if base in _KINDS else None
+
+
+def _calls(i: Instruction) -> list[str]:
+    return [name for how, name in i.called() if how == "calls"]
+
+
+def collectives_in(hlo: HloText, name: str, depth: int = 0) -> list[Instruction]:
+    """The collective ops inside a called computation (fusions nest)."""
     if depth > 4:
         return []
     found = []
-    for line in comps.get(name, []):
-        if " = " not in line:
-            continue
-        rhs = line.split(" = ", 1)[1]
-        if _OP.search(rhs):
-            found.append(rhs)
-        for callee in re.findall(r"calls=%([\w.\-]+)", rhs):
-            found += collectives_in(comps, callee, depth + 1)
+    for i in hlo.computations.get(name, []):
+        if _kind(i):
+            found.append(i)
+        for callee in _calls(i):
+            found += collectives_in(hlo, callee, depth + 1)
     return found
 
 
-def loop_bodies(comps: dict[str, list[str]]) -> list[tuple[str, str]]:
+def loop_bodies(hlo: HloText) -> list[tuple[str, str]]:
     """(body, what the while op's metadata calls it) for every while loop."""
     bodies = []
-    for lines in comps.values():
-        for line in lines:
-            if " while(" in line and (body := re.search(r"body=%([\w.\-]+)", line)):
-                what = re.search(r'op_name="([^"]+)"', line)
-                bodies.append((body[1], what[1] if what else "?"))
+    for body in hlo.computations.values():
+        for i in body:
+            called = dict(i.called())
+            if i.opcode == "while" and "body" in called:
+                what = re.search(r'op_name="([^"]+)"', i.attributes)
+                bodies.append((called["body"], what[1] if what else "?"))
     return bodies
 
 
-def classify(comps: dict[str, list[str]], body: str, min_bytes: int) -> Counter[str]:
+def classify(hlo: HloText, body: str, min_bytes: int) -> Counter[str]:
     """The body's collectives of at least `min_bytes`, keyed 'how: kind buffer', counted."""
     seen: Counter[str] = Counter()
-    for line in comps[body]:
-        if " = " not in line:
+    for i in hlo.computations[body]:
+        if "-done" in i.name:  # an async pair is counted at its start
             continue
-        lhs, rhs = line.split(" = ", 1)
-        if "-done" in lhs:  # an async pair is counted at its start
-            continue
-        own = _OP.search(rhs)
+        own = _kind(i)
         if own:
-            shape, nbytes = buffer_bytes(rhs)
+            shape, nbytes = buffer_bytes(i.shape)
             if nbytes >= min_bytes:
-                how = "async" if own[2] else "in line"
-                seen[f"{how}: {own[1]} {shape} ({nbytes / 2**20:.0f} MiB)"] += 1
+                how = "async" if own[1] else "in line"
+                seen[f"{how}: {own[0]} {shape} ({nbytes / 2**20:.0f} MiB)"] += 1
             continue
-        if "start" not in lhs:  # matmul fusions holding a continuation's pieces: at the start
+        if "start" not in i.name:  # matmul fusions holding a continuation's pieces: at the start
             continue
-        callees = re.findall(r"calls=%([\w.\-]+)", rhs)
-        for inner in (x for c in callees for x in collectives_in(comps, c)):
-            kind = _OP.search(inner)
-            shape, nbytes = buffer_bytes(inner)
+        for inner in (x for c in _calls(i) for x in collectives_in(hlo, c)):
+            kind = _kind(inner)
+            shape, nbytes = buffer_bytes(inner.shape)
             if kind and nbytes >= min_bytes:
-                seen[f"async: {kind[1]} {shape} ({nbytes / 2**20:.0f} MiB)"] += 1
+                seen[f"async: {kind[0]} {shape} ({nbytes / 2**20:.0f} MiB)"] += 1
     return seen
 
 
@@ -116,12 +109,11 @@ def main() -> None:
     args = parser.parse_args()
     files = sorted(args.dump.glob("*after_optimizations.txt"))
     hlo = next(f for f in files if "train_step" in f.name or "step" in f.name.split(".")[1])
-    comps = computations(hlo.read_text())
+    text = HloText(hlo.read_text())
     print(hlo.name)
-    entry = re.search(r"^ENTRY %(\S+) ", hlo.read_text(), re.M)
     # layers under a scan: each loop body; unrolled layers: the entry computation
-    for body, what in loop_bodies(comps) or [(entry[1] if entry else "", "entry (unrolled)")]:
-        seen = classify(comps, body, int(args.min_mib * 2**20))
+    for body, what in loop_bodies(text) or [(text.entry, "entry (unrolled)")]:
+        seen = classify(text, body, int(args.min_mib * 2**20))
         if seen:
             print(f"{what} ({body[:40]}):")
             for key, n in sorted(seen.items()):
