@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import jax
 import numpy as np
 import pytest
 
@@ -16,7 +15,7 @@ from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import check_fit, param_shapes, roles
-from loadax_mesh.workload.step import make_step
+from tests.helpers import sharded_and_single_losses
 
 B = 1e9
 
@@ -274,27 +273,8 @@ def test_two_matrix_tied_and_wide_head_models_train_on_the_reference_step(kind):
     assert ("layers/w_gate" in names) == (kind == "swiglu")
     assert ("unembed" in names) == (not model.tied_embeddings)
     assert sum(int(np.prod(s)) for s, _ in param_shapes(model).values()) == model.num_params
-    losses = []
-    single = MeshConfig((1,), ("data",)).plan(jax.devices()[:1])
-    for plan in (MeshConfig.from_preset("fsdp_tp").plan(), single):
-        step = make_step(
-            plan.to_jax_mesh(),
-            model,
-            TrainSpec(global_batch=8, learning_rate=1e-2, compute_dtype="float32"),
-            batch_axes=plan.batch_axis_names,
-        )
-        params, opt = step.init(jax.random.key(0))
-        tokens = np.random.default_rng(0).integers(0, model.vocab_size, (8, model.seq_len + 1))
-        batch = {
-            "tokens": jax.device_put(tokens[:, :-1].astype(np.int32), step.batch_sharding),
-            "targets": jax.device_put(tokens[:, 1:].astype(np.int32), step.batch_sharding),
-        }
-        run = []
-        for _ in range(3):
-            params, opt, loss = step.fn(params, opt, batch)
-            run.append(float(loss))
-        losses.append(run)
-    sharded, single = np.array(losses)
+    train = TrainSpec(global_batch=8, learning_rate=1e-2, compute_dtype="float32")
+    sharded, single = sharded_and_single_losses(model, train)
     np.testing.assert_allclose(sharded, single, rtol=1e-5)
     assert (np.diff(sharded) < 0).all(), sharded
     plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5p-16"))

@@ -13,6 +13,7 @@ from loadax_mesh import MeshConfig, MeshConfigError
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import param_shapes
 from loadax_mesh.workload.step import make_step
+from tests.helpers import sharded_and_single_losses
 
 # MaxText's 2023 layer in miniature: multi-head attention, a ReLU MLP, tied embeddings.
 PARALLEL = replace(
@@ -125,27 +126,7 @@ def test_the_loss_is_the_parallel_block_written_out():
 def test_the_parallel_block_trains_sharded_as_on_one_device():
     """Over fsdp x tensor (the norm's output gathered once for both halves, their sum reduced)
     the losses are one device's, and they fall."""
-    losses = []
-    single = MeshConfig((1,), ("data",)).plan(jax.devices()[:1])
-    for plan in (MeshConfig.from_preset("fsdp_tp").plan(), single):
-        step = make_step(
-            plan.to_jax_mesh(),
-            PARALLEL,
-            TrainSpec(global_batch=8, learning_rate=1e-2, compute_dtype="float32"),
-            batch_axes=plan.batch_axis_names,
-        )
-        params, opt = step.init(jax.random.key(0))
-        shape = (8, PARALLEL.seq_len + 1)
-        tokens = np.random.default_rng(0).integers(0, PARALLEL.vocab_size, shape).astype(np.int32)
-        batch = {
-            "tokens": jax.device_put(tokens[:, :-1], step.batch_sharding),
-            "targets": jax.device_put(tokens[:, 1:], step.batch_sharding),
-        }
-        run = []
-        for _ in range(3):
-            params, opt, loss = step.fn(params, opt, batch)
-            run.append(float(loss))
-        losses.append(run)
-    sharded, single_device = np.array(losses)
+    train = TrainSpec(global_batch=8, learning_rate=1e-2, compute_dtype="float32")
+    sharded, single_device = sharded_and_single_losses(PARALLEL, train)
     np.testing.assert_allclose(sharded, single_device, rtol=1e-5)
     assert (np.diff(sharded) < 0).all(), sharded
