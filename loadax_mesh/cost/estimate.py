@@ -22,7 +22,7 @@ from ..workload.spec import ModelSpec, TrainSpec
 from . import mla
 from .memory import Shapes, host_bytes, memory_terms, phases
 from .moe import expert_rows, moe_op_flops
-from .saved import recomputed
+from .saved import runs_again
 from .time import (
     StepTime,
     calibration,
@@ -259,15 +259,16 @@ def step_flops(
     execute, not the model's), its experts' weight gradients over the rows `expert_rows` gives
     them (`grouped_kernel`: the platform runs ragged_dot as a grouped kernel). The backward
     pass runs again the op of every tensor the remat placement recomputes and the backward pass
-    reads (saved.recomputed: under "full" the whole layer but a dense layer's down projection
-    and a parallel block's output projection), and, with chunked logits, the head of each chunk
+    reads (saved.runs_again: under "full" the whole layer but a dense layer's down projection
+    and a parallel block's output projection; under every policy but "none" the attention
+    kernel's forward), and, with chunked logits, the head of each chunk
     (the chunk's logits are recomputed, not saved)."""
     sh = Shapes.of(model, train, r)
     m = r.size("model")
     ops = op_flops(model)
     layer = sum(ops.values())
     head = 2 * model.vocab_size * model.d_model
-    again = sum(ops[t] for t in recomputed(train, parallel=model.parallel_block))
+    again = sum(ops[t] for t in runs_again(train, parallel=model.parallel_block))
     if model.num_experts:  # its dense layers as above, its MoE layers with their own MLP
         dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
         mixed = ops | moe_op_flops(model, train, r, grouped_kernel=grouped_kernel)
@@ -277,7 +278,7 @@ def step_flops(
         experts = 2.0 * model.mlp_params(model.moe_d_ff)  # per row, forward
         wider = sh.tokens * moe * experts * (gradient_rows - rows) / m  # the weight gradient's
         model_fwd = sh.tokens * (dense * layer + moe * sum(useful.values()) + head) / m
-        moe_again = sum(mixed[t] for t in recomputed(train, moe=True))
+        moe_again = sum(mixed[t] for t in runs_again(train, moe=True))
         again_all = dense * again + moe * moe_again
         recompute = sh.tokens * (again_all + head * (train.logits_chunks > 1)) / m
         return 3 * forward + wider + recompute, 3 * model_fwd, recompute

@@ -47,6 +47,19 @@ def recomputed(train: TrainSpec, *, moe: bool = False, parallel: bool = False) -
     )
 
 
+def runs_again(train: TrainSpec, *, moe: bool = False, parallel: bool = False) -> tuple[str, ...]:
+    """The named tensors whose op the backward pass of a checkpointed layer runs again:
+    `recomputed`'s, and the attention kernel's forward under every policy but "none", its
+    output kept or not: the log-sum-exp its backward reads is no named tensor, so no placement
+    keeps it (the compiled steps run the forward kernel twice under "dots", "dots_attention",
+    "offload" and minimal_flash's placements: cuDNN on H100 and splash on v5p; measured on one
+    H100, benchmarks/RESULTS.md 2026-11-26)."""
+    again = recomputed(train, moe=moe, parallel=parallel)
+    if train.remat == "none" or "attention_out" in again:
+        return again
+    return (*again, "attention_out")
+
+
 def kept(
     train: TrainSpec,
     found: dict[str, tuple[tuple[int, ...], int]],

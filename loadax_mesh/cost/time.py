@@ -7,7 +7,8 @@
 - Attention: the flash kernel's FLOPs over the causal pairs, forward and backward (TPU:
   jax's splash kernels, whose dq and dkv kernels each recompute the scores: 14 FLOPs per
   pair and head_dim against the forward's 4; GPU: cuDNN's fused backward, 10), at the same
-  efficiency, or its operands' bytes where that is longer.
+  efficiency, or its operands' bytes where that is longer; the forward runs again in every
+  checkpointed layer, its output kept or not (saved.runs_again).
 - Memory-bound operations at HBM bandwidth: a layer's norms, rotary, MLP activation (SwiGLU's
   gate, or a two-matrix MLP's ReLU or GELU) and residual adds (forward, backward, and the
   forward again where a tensor is recomputed), the loss over the vocabulary and the
@@ -51,7 +52,7 @@ from . import mla
 from .memory import shard_bytes
 from .moe import MoeShapes, moe_intermediates
 from .moe_time import dispatch_einsums, permute_seconds
-from .saved import recomputed as recomputed_ops
+from .saved import runs_again
 
 # FLOPs per causal query-key pair, forward and backward, by the platform's fused kernel (the
 # kernels' own matmuls; see compiler/roofline.py), as (per unit of the query/key head_dim, per
@@ -160,10 +161,9 @@ def step_time(
         return max(flops / rate, kernel_bytes / hbm)
 
     placed = train.placements
-    recomputed = [
-        op for op in recomputed_ops(train, parallel=model.parallel_block) if op in projections
-    ]
-    attention_again = placed["attention_out"] == "recompute"
+    again_ops = runs_again(train, parallel=model.parallel_block)
+    recomputed = [op for op in again_ops if op in projections]
+    attention_again = "attention_out" in again_ops
     layer_fwd = sum(projections.values())
     # Each matmul runs three times (forward; backward for the input's gradient and the
     # weight's), and once more where the backward pass recomputes its output.
@@ -198,7 +198,7 @@ def step_time(
         )
         moe_fwd = sum(mixed.values())
         matmuls = (layers - moe) * (3 * layer_fwd + sum(projections[op] for op in recomputed))
-        again_moe = [op for op in recomputed_ops(train, moe=True) if op in mixed]
+        again_moe = [op for op in runs_again(train, moe=True) if op in mixed]
         matmuls += moe * (3 * moe_fwd + sum(mixed[op] for op in again_moe) + routing)
         layer_fwd = ((layers - moe) * layer_fwd + moe * (moe_fwd + routing_fwd)) / layers
     head = matmul(d_model, vocab)

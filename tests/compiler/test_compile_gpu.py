@@ -18,10 +18,12 @@ from loadax_mesh.cli.main import main
 from loadax_mesh.compiler.flops import attention_flops, step_flops
 from loadax_mesh.compiler.hlo import HloText
 from loadax_mesh.compiler.report import compile_step
+from loadax_mesh.cost.saved import runs_again
 from loadax_mesh.hardware.catalogue import catalogue
 from loadax_mesh.hardware.gpu_targets import device_memory
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import param_shapes, roles
+from loadax_mesh.workload.step import make_step
 
 TWO_HOSTS = "gpu-p5.48xlarge-16"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -197,3 +199,25 @@ def test_plan_devices_libtpu_takes_tpu_strings_only(capsys):
     err = capsys.readouterr().err
     assert "--devices libtpu takes TPU strings, not 'gpu-p5.48xlarge-16'" in err
     assert "--devices aot" in err
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+@pytest.mark.parametrize("remat", ["none", "dots_attention", "full"])
+def test_the_attention_kernel_runs_again_as_the_estimate_counts(remat):
+    """Its log-sum-exp is no named tensor: a checkpointed layer runs cuDNN's forward kernel
+    again in the backward pass even where it keeps the kernel's output (dots_attention)."""
+    plan = MeshConfig.from_preset("fsdp").plan(
+        topology_devices("gpu-p5.48xlarge-8"), selector="gpu-p5.48xlarge-8"
+    )
+    train = TrainSpec(global_batch=8, remat=remat)
+    step = make_step(plan.to_jax_mesh(), TINY, train, batch_axes=plan.batch_axis_names)
+    hlo = HloText(step.fn.lower(*step.abstract_args()).compile().as_text())
+    forward = sum(
+        1
+        for body in hlo.computations.values()
+        for i in body
+        if i.opcode == "custom-call" and "__cudnn$fmha" in i.attributes
+        if "Backward" not in i.attributes
+    )
+    assert forward == 1 + ("attention_out" in runs_again(train))

@@ -62,13 +62,15 @@ def test_recompute_and_the_gpu_kernel() -> None:
 
 @pytest.mark.parametrize(
     ("remat", "again"),
-    [  # the ops the backward pass runs again (jaxprs of the reference step's gradient)
+    [  # the ops the backward pass runs again (jaxprs of the reference step's gradient; the
+        # attention kernel's forward in every checkpointed layer: compiled, test_compile_gpu)
         ("full", ("query", "key", "value", "attention_out", "out_proj", "mlp_in")),
         ("offload", ("query", "key", "value", "attention_out", "out_proj", "mlp_in")),
         ("dots", ("attention_out",)),
-        ("dots_attention", ()),
-        # the down projection alone placed to recompute: nothing to run again
-        (dict.fromkeys(TENSORS, "device") | {"mlp_out": "recompute"}, ()),
+        ("dots_attention", ("attention_out",)),
+        # the down projection alone placed to recompute: no projection to run again
+        (dict.fromkeys(TENSORS, "device") | {"mlp_out": "recompute"}, ("attention_out",)),
+        ("none", ()),
     ],
 )
 def test_recompute_follows_what_the_backward_pass_reads(remat, again) -> None:
