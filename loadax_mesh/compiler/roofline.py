@@ -73,7 +73,7 @@ class OperationCost:
     shape: str
     flops: float
     bytes: float
-    kernel: bool  # an attention kernel, counted from its shapes
+    kernel: bool  # a custom call: the attention kernels counted from their shapes, others 0
 
     def seconds(self, peak_flops: float, hbm_bandwidth: float) -> float:
         """One run's roofline: max(FLOPs / peak, bytes / bandwidth)."""
