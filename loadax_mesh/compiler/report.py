@@ -245,7 +245,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         flops=step_flops(compiled, hlo),
         collectives=items,
         host_bytes=on_host,
-        roofline_seconds=_roofline(hlo.text, profile),
+        roofline_seconds=_roofline(hlo.text, profile, mesh.devices.size),
         assigned_bytes=assigned,
     )
 
@@ -262,10 +262,11 @@ def assigned_bytes(dump: Path, module: str = "") -> int | None:
     return None
 
 
-def _roofline(text: str, profile: HardwareProfile | None) -> float | None:
-    """The roofline of the compiled text on one device of the catalogue's hardware (None where
-    the catalogue lacks the device's peak, HBM or HBM bandwidth)."""
-    facts = None if profile is None else profile.device
+def _roofline(text: str, profile: HardwareProfile | None, devices: int) -> float | None:
+    """The roofline of the compiled text on one of `devices` devices of the catalogue's
+    hardware (compile-only v4 TensorCores: half a chip's peak and HBM bandwidth); None where
+    the catalogue lacks the device's peak, HBM or HBM bandwidth."""
+    facts = None if profile is None or profile.device is None else profile.facts_for(devices)
     if facts is None or facts.hbm_bandwidth is None:
         return None
     found = roofline(text, peak_flops=facts.peak_flops, hbm_bandwidth=facts.hbm_bandwidth)

@@ -62,10 +62,49 @@ class Roofline:
     kernel_seconds: float  # of `seconds`, the attention kernels counted from their shapes
 
 
+@dataclass(frozen=True)
+class OperationCost:
+    """One operation a step runs: where, how often, and its FLOPs and HBM bytes per run."""
+
+    computation: str
+    times: int  # runs a step: its computation's loop trips
+    name: str
+    opcode: str
+    shape: str
+    flops: float
+    bytes: float
+    kernel: bool  # a custom call: the attention kernels counted from their shapes, others 0
+
+    def seconds(self, peak_flops: float, hbm_bandwidth: float) -> float:
+        """One run's roofline: max(FLOPs / peak, bytes / bandwidth)."""
+        return max(self.flops / peak_flops, self.bytes / hbm_bandwidth)
+
+
 def roofline(text: str, *, peak_flops: float, hbm_bandwidth: float) -> Roofline | None:
     """The roofline of an optimised HLO module's text on a device with `peak_flops` (FLOP/s)
     and `hbm_bandwidth` (bytes/s). None where this jaxlib offers no cost analysis, or an
     operation could not be analysed or a kernel not counted (no figure rather than a low one)."""
+    costs = operation_costs(text)
+    if costs is None:
+        return None
+    total = flops = size = compute = memory = kernels = 0.0
+    for c in costs:
+        seconds = c.times * c.seconds(peak_flops, hbm_bandwidth)
+        total += seconds
+        flops += c.times * c.flops
+        size += c.times * c.bytes
+        if c.kernel:
+            kernels += seconds
+        elif c.flops / peak_flops >= c.bytes / hbm_bandwidth:
+            compute += seconds
+        else:
+            memory += seconds
+    return Roofline(total, flops, size, compute, memory, kernels)
+
+
+def operation_costs(text: str) -> list[OperationCost] | None:
+    """Every operation of an optimised HLO module's text that the chip's cores run, with its
+    FLOPs and bytes (None as `roofline` gives None)."""
     try:
         import jax
         from jax._src.lib import _jax
@@ -86,7 +125,7 @@ def roofline(text: str, *, peak_flops: float, hbm_bandwidth: float) -> Roofline 
             seen[module] = (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)))
         return seen[module]
 
-    total = flops = size = compute = memory = kernels = 0.0
+    out: list[OperationCost] = []
     for name, times in _scheduled(hlo).items():
         for i in hlo.computations[name]:
             if i.opcode in _FREE or _collective(i.opcode):
@@ -101,17 +140,9 @@ def roofline(text: str, *, peak_flops: float, hbm_bandwidth: float) -> Roofline 
                     f, b = analysed(i)
                 except (RuntimeError, ValueError):
                     return None
-            seconds = max(f / peak_flops, b / hbm_bandwidth)
-            total += times * seconds
-            flops += times * f
-            size += times * b
-            if i.opcode == "custom-call":
-                kernels += times * seconds
-            elif f / peak_flops >= b / hbm_bandwidth:
-                compute += times * seconds
-            else:
-                memory += times * seconds
-    return Roofline(total, flops, size, compute, memory, kernels)
+            kernel = i.opcode == "custom-call"
+            out.append(OperationCost(name, times, i.name, i.opcode, i.shape, f, b, kernel))
+    return out
 
 
 def _collective(opcode: str) -> bool:

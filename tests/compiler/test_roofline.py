@@ -85,3 +85,21 @@ def test_a_step_that_offloads_to_host_memory_has_a_roofline() -> None:
     assert report.host_bytes  # it does offload
     assert report.roofline_seconds is not None and report.flops is not None
     assert report.roofline_seconds >= report.flops / 918e12 * 0.99  # v6e's peak, kernels in
+
+
+def test_a_v4_tensorcore_step_is_priced_at_half_a_chip() -> None:
+    # libtpu's compile-only v4 devices are TensorCores: each runs half a chip's program, at half
+    # its peak (275 TFLOP/s) and HBM bandwidth (1200 GB/s), where the catalogue's device is the
+    # whole megacore chip
+    from loadax_mesh import MeshConfig, ModelSpec, TrainSpec, compile_step
+    from loadax_mesh.workload.step import make_step
+
+    hardware = "tpu-v4-8"
+    plan = MeshConfig.from_preset("fsdp").plan(topology_devices(hardware), selector=hardware)
+    model, train = ModelSpec.from_name("tiny"), TrainSpec(global_batch=16)
+    report = compile_step(plan, model, train)
+    step = make_step(plan.to_jax_mesh(), model, train, batch_axes=plan.batch_axis_names)
+    text = step.fn.lower(*step.abstract_args()).compile().as_text()
+    core = roofline(text, peak_flops=275e12 / 2, hbm_bandwidth=1200e9 / 2)
+    assert core is not None and report.mesh == {"data": 1, "fsdp": 8}
+    assert report.roofline_seconds == pytest.approx(core.seconds, rel=1e-6)
