@@ -4,9 +4,11 @@ For each model, every projection of a layer and the head at the step's token cou
 shapes a step runs them (forward: tokens x d_in @ d_in x d_out; the input gradient: tokens x
 d_out @ d_out x d_in; the weight gradient: d_in x tokens @ tokens x d_out), jitted by jax and
 run by torch.matmul on the same shapes in the same process (the peer: cuBLAS called directly).
-Each time is the median of `--reps` runs after warm-ups; the rate is FLOPs over time and its share
-of the catalogue's peak for this GPU kind. What the cost model's `compute_efficiency` stands for
-on one chip, measured per shape (benchmarks/RESULTS.md).
+Then one layer's attention at those tokens through cuDNN's fused kernels (jax's
+`dot_product_attention`), forward and backward. Each time is the median of `--reps` runs after
+warm-ups; the rate is FLOPs over time and its share of the catalogue's peak for this GPU kind:
+what a matmul and an attention kernel reach on one chip, measured per shape
+(benchmarks/RESULTS.md).
 
     python benchmarks/bench_gpu_matmul.py [--model llama3-8b --tokens 16384 ...] [--json FILE]
         [--small]   # tiny shapes on any backend: checks the script, measures nothing
@@ -71,11 +73,44 @@ def time_jax(m: int, k: int, n: int, reps: int) -> float:
 
     a = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
     b = jax.random.normal(jax.random.key(1), (k, n), jnp.bfloat16)
-    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(x.dtype))
+    f = jax.jit(jnp.dot)  # bf16 in and out, as the step's einsums (the GEMM sums in float32)
     box: list[Any] = []
     return _median_seconds(
         lambda: box.append(f(a, b)), lambda: (box[-1].block_until_ready(), box.clear()), reps
     )
+
+
+def time_attention(model_name: str, tokens: int, reps: int, small: bool) -> tuple[float, ...]:
+    """(causal query-key pairs, forward seconds, forward + backward seconds) of one layer's
+    attention at `tokens` (sequences of the model's length; cuDNN's kernels on a GPU)."""
+    import jax
+    import jax.numpy as jnp
+
+    from loadax_mesh.workload import ModelSpec
+
+    m = ModelSpec.from_name(model_name)
+    seq = m.seq_len // 64 if small else m.seq_len
+    rows, d = max(1, tokens // m.seq_len), m.head_dim
+    kind = "cudnn" if jax.default_backend() == "gpu" else None
+    q, k, v = (
+        jax.random.normal(jax.random.key(i), (rows, seq, h, d), jnp.bfloat16)
+        for i, h in enumerate((m.num_heads, m.num_kv_heads, m.num_kv_heads))
+    )
+
+    def attend(q: Any, k: Any, v: Any) -> Any:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=kind)
+
+    forward = jax.jit(attend)
+    both = jax.jit(jax.grad(lambda q, k, v: attend(q, k, v).astype(jnp.float32).sum(), (0, 1, 2)))
+    box: list[Any] = []
+
+    def sync() -> None:
+        jax.block_until_ready(box[-1])
+        box.clear()
+
+    fwd = _median_seconds(lambda: box.append(forward(q, k, v)), sync, reps)
+    fwd_bwd = _median_seconds(lambda: box.append(both(q, k, v)), sync, reps)
+    return rows * seq * (seq + 1) / 2, fwd, fwd_bwd
 
 
 def time_torch(m: int, k: int, n: int, reps: int) -> float | None:
@@ -114,6 +149,8 @@ def main() -> None:
     a = ap.parse_args()
     import jax
 
+    from loadax_mesh.workload import ModelSpec
+
     if jax.default_backend() != "gpu" and not a.small:
         print(f"no GPU (jax's backend is {jax.default_backend()!r})")
         sys.exit(2)
@@ -147,6 +184,23 @@ def main() -> None:
         share = f" ({total_flops / jax_s / peak:.3f} of peak)" if peak else ""
         peer = f", torch {total_flops / torch_s / 1e12:.0f}" if torch_s else ""
         print(f"{model_name}: all shapes jax {total_flops / jax_s / 1e12:.0f}{share}{peer}")
+        # the attention kernels: 4 FLOPs a causal pair, head and head_dim forward, 10 backward
+        # (cost/time.py's cuDNN count)
+        pairs, fwd, fwd_bwd = time_attention(model_name, tokens, a.reps, a.small)
+        spec = ModelSpec.from_name(model_name)
+        unit = pairs * spec.num_heads * spec.head_dim
+        rows.append(
+            {"model": model_name, "tokens": tokens, "op": "attention", "pairs": pairs,
+             "forward_s": fwd, "forward_backward_s": fwd_bwd, "device_kind": kind}
+        )  # fmt: skip
+        rates = [4 * unit / fwd, 10 * unit / max(fwd_bwd - fwd, 1e-12)]
+        print(
+            f"{model_name}: attention forward {fwd * 1e3:.2f} ms, backward "
+            f"{(fwd_bwd - fwd) * 1e3:.2f} ms: "
+            + ", ".join(f"{r / 1e12:.0f} TFLOP/s" + (f" ({r / peak:.2f})" if peak else "")
+                        for r in rates),
+            flush=True,
+        )  # fmt: skip
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)

@@ -31,7 +31,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,16 +54,31 @@ class Run:
     peak: float
     logged: float  # seconds
 
+    @property
+    def measured(self) -> bool:
+        """Whether the catalogue has its chip's measured shares of the peak (which then price
+        its matmuls and kernels in place of `compute_efficiency`)."""
+        facts = self.parts[-1]
+        return any(s is not None for s in (facts.matmul_share, facts.attention_share))
+
     def predict(
         self,
         efficiency: float,
         intensity: float | None = None,
         latency: float = 0.0,
         granule: float | None = None,
+        *,
+        shares: bool = True,
     ) -> Estimate:
-        """The estimate at these calibrations (intensity, granule None: no limit)."""
+        """The estimate at these calibrations (intensity, granule None: no limit); `shares`
+        False: as if its chip's shares were not measured (the calibrated efficiency prices it,
+        as it does every GPU kind without them)."""
+        parts = self.parts
+        if not shares:
+            bare = replace(parts[-1], matmul_share=None, attention_share=None, memory_share=None)
+            parts = (*parts[:-1], bare)
         return estimate_parts(
-            *self.parts,
+            *parts,
             compute_efficiency=efficiency,
             intensity=intensity or float("inf"),
             dcn_latency=latency,
@@ -144,7 +159,7 @@ class Table:
         steps = np.array(
             [
                 [
-                    [r.predict(k, i).step_seconds for k in EFFICIENCIES]
+                    [r.predict(k, i, shares=False).step_seconds for k in EFFICIENCIES]
                     for i in INTENSITIES[platform]
                 ]
                 for r in group
@@ -229,12 +244,13 @@ def fit(
     return EFFICIENCIES[k], INTENSITIES[platform][i], latency, granule
 
 
-def calibrations(fitted: tuple[float, float | None, float, float | None]) -> str:
-    """A run's leave-one-out calibrations as a cell: efficiency, intensity, dcn_latency in us,
-    dcn_slice_bandwidth in GB/s (none: no limit)."""
+def calibrations(fitted: tuple[float, float | None, float, float | None], run: Run) -> str:
+    """A run's leave-one-out calibrations as a cell: efficiency ("chip" where its chip's
+    measured shares price it instead), intensity, dcn_latency in us, dcn_slice_bandwidth in
+    GB/s (none: no limit)."""
     k, i, latency, granule = fitted
     slice_ = "none" if granule is None else f"{granule / 1e9:.0f}"
-    return f"{k:.3f}, {i}, {latency * 1e6:.0f}, {slice_}"
+    return f"{'chip' if run.measured else f'{k:.3f}'}, {i}, {latency * 1e6:.0f}, {slice_}"
 
 
 def main() -> None:
@@ -250,9 +266,13 @@ def main() -> None:
     if args.fit:
         for p, group in by_platform.items():
             k, i, lat, g = fit(tables[p], p)
+            chip = sum(r.measured for r in group)
+            aside = f"; fitted with the measured shares of {chip} runs' chips set aside" * bool(
+                chip
+            )
             print(
                 f"{p}: compute_efficiency {k:.3f}, matmul_intensity {i}, dcn_latency "
-                f"{lat * 1e6:.0f} us, dcn_slice_bandwidth {g} ({len(group)} runs)"
+                f"{lat * 1e6:.0f} us, dcn_slice_bandwidth {g} ({len(group)} runs{aside})"
             )
     shipped = {
         p: (
@@ -287,7 +307,7 @@ def main() -> None:
             cells = [
                 run.spec["name"], str(part), f"{run.logged:.3f}", f"{e.step_seconds:.3f}",
                 f"{err:+.1%}", f"{e.step_seconds / run.logged:.2f}", f"{at_shipped:.2f}",
-                f"{logged_mfu:.3f}", f"{e.mfu:.3f}", calibrations(others),
+                f"{logged_mfu:.3f}", f"{e.mfu:.3f}", calibrations(others, run),
                 *(f"{x:.3f}" for x in (t.matmul, t.attention, t.memory_bound, t.hidden,
                                        t.exposed, t.across_granules, t.offload)),
             ]  # fmt: skip

@@ -149,7 +149,8 @@ def estimate_parts(
     """The estimate from its parts (what `choose_mesh` varies without building a plan);
     `terms` are the memory terms when already computed (they do not depend on the plan);
     `compute_efficiency` replaces the calibrated one (configs/calibration.toml; what
-    benchmarks/bench_time.py fits), `intensity`, `dcn_latency` and `slice_bandwidth` the others
+    benchmarks/bench_time.py fits; a chip with measured shares of its peak in the catalogue
+    uses those instead), `intensity`, `dcn_latency` and `slice_bandwidth` the others
     likewise, `permute_share` the calibrated `permute_bandwidth` (what
     benchmarks/bench_moe_time.py fits); `float("inf")`: no limit."""
     if terms is None:

@@ -32,7 +32,9 @@
 `efficiency` and `intensity` are named calibrations per platform (configs/calibration.toml),
 as are the latency of a ring step across granules and what a TPU slice sends across slices in
 all (cost/estimate.py's `across_granules`), all fitted by benchmarks/bench_time.py on the
-calibration set alone.
+calibration set alone. Where the catalogue has a chip's measured shares of its peak (the
+H100's matmuls and cuDNN attention kernels, benchmarks/bench_gpu_matmul.py), they price its
+matmuls and kernels in place of the efficiency, and the calibration set judges them.
 """
 
 from __future__ import annotations
@@ -96,8 +98,9 @@ def step_time(
     permute_share: float | None = None,
 ) -> StepTime:
     """The step's time on one device. `efficiency` and `intensity` are the named calibrations
-    (`calibration`): the share of the peak a matmul reaches when its operands keep up, and the
-    FLOPs a matmul does per byte it reads from HBM as the compiler tiles it (None: no limit).
+    (`calibration`): the share of the peak a matmul reaches when its operands keep up (unless
+    `facts` has the chip's measured `matmul_share` and `attention_share`), and the FLOPs a
+    matmul does per byte it reads from HBM as the compiler tiles it (None: no limit).
     `hidden`, `exposed` and `across_granules` are the collectives' seconds (cost/traffic.py),
     `offload_bytes` what goes to host memory and back each way in a step; `permute_share` the
     named calibration `permute_bandwidth` (None: no limit; cost/moe_time.py).
@@ -108,7 +111,10 @@ def step_time(
     # A chip whose peak outruns its HBM by more than the tiles' FLOPs per byte (its balance,
     # peak / bandwidth, above `intensity`) waits on its operands for that share of the time.
     fed = 1.0 if intensity is None else min(1.0, intensity * hbm / facts.peak_flops)
-    rate = facts.peak_flops * efficiency * fed  # FLOP/s a matmul or attention kernel reaches
+    # FLOP/s a matmul and an attention kernel reach: the chip's measured shares of its peak
+    # where the catalogue has them, else the calibrated efficiency
+    rate = facts.peak_flops * (facts.matmul_share or efficiency) * fed
+    kernel_rate = facts.peak_flops * (facts.attention_share or efficiency) * fed
     rows_unit, cols_unit = facts.mxu or (1, 1)  # a TPU matrix unit: dims fill it in whole tiles
     act = dtype_bytes(train.compute_dtype)  # bytes of one activation element
     tensor, micro = roles.size("model"), train.microbatches
@@ -158,7 +164,7 @@ def step_time(
     def attention(per_pair: tuple[int, int]) -> float:
         """One pass of the flash kernel: its FLOPs over the pairs, or its operands' bytes."""
         flops = pairs * heads * (per_pair[0] * head_width + per_pair[1] * v_width)
-        return max(flops / rate, kernel_bytes / hbm)
+        return max(flops / kernel_rate, kernel_bytes / hbm)
 
     placed = train.placements
     again_ops = runs_again(train, parallel=model.parallel_block)
@@ -233,10 +239,14 @@ def step_time(
         per_token += moe * (fwd_moe + bwd_moe + moe_again)
         shard = float(shard_bytes(model, roles, 1, None))  # experts over the expert axis too
     update = shard * _update_bytes(train)
-    memory = (micro * tokens * per_token + update) / hbm + micro * moe * permute
+    # a layer's and the loss's memory-bound bytes as counted here move at the chip's measured
+    # share of its HBM bandwidth where the catalogue has one (GPU: XLA's fusions move more than
+    # this count); the optimizer's update streams at the full bandwidth
+    streamed = hbm * (facts.memory_share or 1.0)
+    memory = micro * tokens * per_token / streamed + update / hbm + micro * moe * permute
     compute = micro * (matmuls + kernels) + memory
     forward = micro * (
-        layers * (layer_fwd + attention(fwd_pair)) + head + tokens * layers * elementwise_fwd / hbm
+        layers * (layer_fwd + attention(fwd_pair)) + head + tokens * layers * elementwise_fwd / streamed
     )
     offload = 0.0
     if offload_bytes:

@@ -161,6 +161,12 @@ class DeviceFacts:
     host_memory_bytes: float | None = None  # host memory one device may fill with offloads
     host_link_bandwidth: float | None = None  # bytes/s between a device and its host, each way
     mxu: tuple[int, int] | None = None  # TPU matrix unit (rows, columns); None where not known
+    # Measured shares of the peak that a layer's matmuls and the fused attention kernels reach
+    # on this chip (GPU; configs/hardware.toml), None where not measured (the time model then
+    # takes the platform's calibrated compute_efficiency).
+    matmul_share: float | None = None
+    attention_share: float | None = None
+    memory_share: float | None = None  # of HBM bandwidth, by the time model's byte count
 
     @property
     def platform(self) -> Platform:
@@ -285,7 +291,16 @@ def _device_facts(
         dcn_bandwidth=base("network_per_gpu"),
         dcn_latency=base("network_latency"),
         tile=None,
+        matmul_share=_share(spec, "matmul_share"),
+        attention_share=_share(spec, "attention_share"),
+        memory_share=_share(spec, "memory_share"),
     ), None
+
+
+def _share(spec: HardwareSpec, name: str) -> float | None:
+    """A dimensionless catalogue fact (a share of the peak), None where not known."""
+    fact = spec.fact(name)
+    return None if fact is None or fact.value is None else float(fact.value)
 
 
 def _pair(spec: HardwareSpec, name: str) -> tuple[int, int] | None:

@@ -54,10 +54,30 @@ def test_recompute_and_the_gpu_kernel() -> None:
     assert full.recompute_flops == pytest.approx(again + attention)  # estimate's count agrees
     assert full.time.attention == pytest.approx(none.time.attention * (4 + 4 + 14) / (4 + 14))
     assert full.time.memory_bound > none.time.memory_bound
-    gpu = estimate(plan("gpu-p5.48xlarge-16"), LONG, TrainSpec(global_batch=64, remat="none"))
-    k, peak = calibration("compute_efficiency", "gpu"), 989e12  # one H100's bf16 peak
-    pairs = 4 * 4096 * 4097 / 2  # 4 rows a GPU
-    assert gpu.time.attention == pytest.approx(4 * pairs * 32 * 128 * (4 + 10) / (peak * k))
+    # cuDNN's kernels at the H100's measured share of its peak (configs/hardware.toml); an
+    # A100, whose shares were never measured, at the calibrated efficiency
+    pairs, none_ = 4 * 4096 * 4097 / 2, TrainSpec(global_batch=64, remat="none")  # 4 rows a GPU
+    h100 = estimate(plan("gpu-p5.48xlarge-16"), LONG, none_)
+    assert h100.time.attention == pytest.approx(4 * pairs * 32 * 128 * (4 + 10) / (989e12 * 0.49))
+    a100 = estimate(plan("gpu-p4de.24xlarge-16"), LONG, none_)
+    k = calibration("compute_efficiency", "gpu")
+    assert a100.time.attention == pytest.approx(4 * pairs * 32 * 128 * (4 + 10) / (312e12 * k))
+
+
+def test_a_chip_with_measured_shares_prices_its_matmuls_at_them() -> None:
+    """The H100's matmuls at 0.69 of its peak whatever the efficiency passed; without the
+    shares (as an unmeasured GPU) at the efficiency."""
+    parts = (
+        LONG,
+        TrainSpec(global_batch=64, remat="none"),
+        *plan_parts(plan("gpu-a3-highgpu-8g-16")),
+    )
+    at = [estimate_parts(*parts, compute_efficiency=k).time.matmul for k in (0.4, 0.8)]
+    assert at[0] == pytest.approx(at[1])
+    bare = replace(parts[-1], matmul_share=None, attention_share=None, memory_share=None)
+    plain = [estimate_parts(*parts[:-1], bare, compute_efficiency=k).time for k in (0.4, 0.8)]
+    assert plain[0].matmul == pytest.approx(2 * plain[1].matmul)
+    assert at[0] == pytest.approx(plain[0].matmul * 0.4 / 0.69)
 
 
 @pytest.mark.parametrize(
