@@ -11,8 +11,9 @@
   checkpointed layer, its output kept or not (saved.runs_again).
 - Memory-bound operations at HBM bandwidth: a layer's norms, rotary, MLP activation (SwiGLU's
   gate, or a two-matrix MLP's ReLU or GELU) and residual adds (forward, backward, and the
-  forward again where a tensor is recomputed), the loss over the vocabulary and the
-  optimizer's update of every parameter shard.
+  forward again where a tensor is recomputed), the copies of what a layer keeps into the layer
+  scan's stacks and back out, the loss over the vocabulary and the optimizer's update of every
+  parameter shard.
 - Collectives (cost/traffic.py): those inside a granule that overlap hide behind the compute;
   those that feed the next operation, or that the compiler runs in line (on TPU a layer's
   attention weights gathered each pass), are exposed; every collective across granules (DCN, the
@@ -42,16 +43,16 @@ from __future__ import annotations
 import math
 import tomllib
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from .._configs import config_path
 from ..errors import MeshConfigError
-from ..hardware.profile import DeviceFacts, Platform
+from ..hardware.profile import DeviceFacts, Platform, attention_kernel
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
-from .memory import shard_bytes
+from .memory import Shapes, layer_bytes, shard_bytes
 from .moe import MoeShapes, moe_intermediates
 from .moe_time import dispatch_einsums, permute_seconds
 from .saved import runs_again
@@ -243,10 +244,17 @@ def step_time(
     # share of its HBM bandwidth where the catalogue has one (GPU: XLA's fusions move more than
     # this count); the optimizer's update streams at the full bandwidth
     streamed = hbm * (facts.memory_share or 1.0)
-    memory = micro * tokens * per_token / streamed + update / hbm + micro * moe * permute
+    # What a layer keeps for the backward pass is copied into the layer scan's stacks and back
+    # out each micro-batch: 4 accesses of its bytes (profiled on one H100: the stacks' update
+    # and slice fusions, 7.8 ms more under minimal_flash than full remat over 4 layers of
+    # LLaMA-2 7B, about 4 x the bytes it saves more, at HBM speed; benchmarks/RESULTS.md).
+    sh, kernel = Shapes.of(model, train, roles), attention_kernel(train.attention, facts.platform)
+    kept = partial(layer_bytes, model, train, sh, roles, facts.tile, kernel, saved=True)
+    stacks = 4 * ((layers - moe) * kept() + (moe * kept(moe=True) if moe else 0)) / hbm
+    memory = micro * (tokens * per_token / streamed + moe * permute + stacks) + update / hbm
     compute = micro * (matmuls + kernels) + memory
     forward = micro * (
-        layers * (layer_fwd + attention(fwd_pair)) + head + tokens * layers * elementwise_fwd / streamed
+        layers * (layer_fwd + attention(fwd_pair) + tokens * elementwise_fwd / streamed) + head
     )
     offload = 0.0
     if offload_bytes:

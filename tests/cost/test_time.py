@@ -53,7 +53,8 @@ def test_recompute_and_the_gpu_kernel() -> None:
     attention = 4 * 8 * 4096 * op_flops(LONG)["attention_out"]
     assert full.recompute_flops == pytest.approx(again + attention)  # estimate's count agrees
     assert full.time.attention == pytest.approx(none.time.attention * (4 + 4 + 14) / (4 + 14))
-    assert full.time.memory_bound > none.time.memory_bound
+    # no checkpoint keeps every residual, each copied into the layer scan's stacks and out
+    assert none.time.memory_bound > full.time.memory_bound
     # cuDNN's kernels at the H100's measured share of its peak (configs/hardware.toml); an
     # A100, whose shares were never measured, at the calibrated efficiency
     pairs, none_ = 4 * 4096 * 4097 / 2, TrainSpec(global_batch=64, remat="none")  # 4 rows a GPU
@@ -202,11 +203,13 @@ def test_a_two_matrix_tied_model_with_wide_heads_counted_by_hand() -> None:
     assert (op_flops(wide)["mlp_in"], op_flops(gated)["mlp_in"]) == (2 * d * f, 4 * d * f)
     # The activation a token: ReLU reads up and writes its output, then reads up's sign and the
     # output's gradient and writes up's (5 d_ff); SwiGLU 3 + 5. The gate's weights: Adam's 28
-    # bytes each (float32 parameter, gradient and moments) over the 8 shards.
+    # bytes each (float32 parameter, gradient and moments) over the 8 shards. What each layer
+    # keeps (its stacked residuals, the memory model's "activations") is copied in and out.
     activation = tokens * L * (8 - 5) * f * 2
     update = L * d * f / 8 * 28
+    stacks = 4 * (swiglu.terms["activations"] - e.terms["activations"])
     gap = (swiglu.time.memory_bound - e.time.memory_bound) * HBM
-    assert gap == pytest.approx(activation + update)
+    assert gap == pytest.approx(activation + update + stacks)
     # One table: the step's parameters hold it once, the head's matmul reads it as its weights.
     assert gated.num_params - wide.num_params == L * d * f
     assert e.terms["params"] < swiglu.terms["params"]
@@ -267,3 +270,17 @@ def test_a_large_slice_shares_what_it_sends_across_slices() -> None:
     runs = sum(c.count for c in data.collectives)
     expected = moved / share + runs * 2 * calibration("dcn_latency", "tpu")
     assert data.dcn_seconds == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_kept_tensor_is_copied_into_its_stack_and_out() -> None:
+    """Keeping the MLP's input projections (gate and up, bf16 [8 rows x 4096, 16384] each on a
+    device) adds 4 accesses of their bytes a layer at HBM speed, and their recompute goes."""
+    full = {t: "recompute" for t in TENSORS} | {"layer_input": "device"}
+    kept = full | {"mlp_in": "device"}
+    a, b = (
+        estimate(plan("tpu-v5p-16"), LONG, TrainSpec(global_batch=64, remat=r)).time
+        for r in (full, kept)
+    )
+    gate_up = 2 * 8 * 4096 * 16384 * 2
+    assert b.memory_bound - a.memory_bound == pytest.approx(4 * 4 * gate_up / HBM)
+    assert b.matmul < a.matmul
