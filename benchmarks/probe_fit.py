@@ -22,6 +22,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -47,6 +48,18 @@ def live_at_peak(dump: Path, top: int) -> None:
         print(f"  {int(nbytes) / 2**20:9.1f} MiB  {name + index:40s} {shapes.get(name, '')[:70]}")
 
 
+def compile_dumped(lowered: Any, dump: Path, *, squeeze: bool) -> str:
+    """Compile `lowered` with its HLO dumped to `dump` (libtpu's own extra remat off unless
+    `squeeze`): "compiled", or "refused: ..." where libtpu refuses it for HBM (a refused
+    program's optimised module and buffer assignment are dumped all the same)."""
+    options = {"xla_dump_to": str(dump), **({} if squeeze else _AS_WRITTEN)}
+    try:
+        lowered.compile(compiler_options=options)
+        return "compiled"
+    except Exception as err:
+        return "refused: " + str(err).strip().splitlines()[0][:160]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("hardware")
@@ -68,12 +81,7 @@ def main() -> None:
     lowered = step.fn.lower(*step.abstract_args())
     with tempfile.TemporaryDirectory() as tmp:
         dump = args.dump or Path(tmp)
-        options = {"xla_dump_to": str(dump), **({} if args.squeeze else _AS_WRITTEN)}
-        try:
-            lowered.compile(compiler_options=options)
-            verdict = "compiled"
-        except Exception as err:  # libtpu's refusal still writes its buffer assignment
-            verdict = "refused: " + str(err).strip().splitlines()[0][:160]
+        verdict = compile_dumped(lowered, dump, squeeze=args.squeeze)
         assigned = assigned_bytes(dump)
         if assigned:
             ratio = est.memory_bytes / assigned

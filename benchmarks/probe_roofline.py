@@ -26,10 +26,10 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bench_time import load
+from probe_fit import compile_dumped
 from production_runs import RUNS
 
 from loadax_mesh import MeshConfig, ModelSpec, TrainSpec, topology_devices
-from loadax_mesh.compiler.report import _AS_WRITTEN
 from loadax_mesh.compiler.roofline import operation_costs, roofline
 from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload.step import make_step
@@ -60,12 +60,7 @@ def main() -> None:
     lowered = step.fn.lower(*step.abstract_args())
     with tempfile.TemporaryDirectory() as tmp:
         dump = args.dump or Path(tmp)
-        options = {"xla_dump_to": str(dump), **({} if args.squeeze else _AS_WRITTEN)}
-        try:
-            lowered.compile(compiler_options=options)
-            verdict = "compiled"
-        except Exception as err:  # refused at the buffer assignment: the module is dumped
-            verdict = "refused: " + str(err).strip().splitlines()[0][:160]
+        verdict = compile_dumped(lowered, dump, squeeze=args.squeeze)
         text = next(dump.glob("*jit__step*after_optimizations.txt")).read_text()
     peak, bandwidth = facts.peak_flops, facts.hbm_bandwidth
     found, costs = roofline(text, peak_flops=peak, hbm_bandwidth=bandwidth), operation_costs(text)
