@@ -168,7 +168,8 @@ def estimate_parts(
         slice_bandwidth = dcn_slice_bandwidth(facts.platform) or float("inf")
     priced = across_granules(facts, factors, dcn_latency, slice_bandwidth)
     overlapped = facts.traits.overlaps_tensor_collectives
-    found = collectives(model, train, r, overlapped=overlapped)
+    regather = facts.traits.regathers_attention_weights
+    found = collectives(model, train, r, overlapped=overlapped, regather=regather)
     axes = axis_traffic(found, r, factors, efficiency, priced)
     host = host_bytes(model, train, r, facts)
     host_memory = facts.need("host_memory_bytes") if host else facts.host_memory_bytes

@@ -24,7 +24,7 @@ from dataclasses import replace
 from functools import lru_cache, partial
 
 from ..hardware.profile import DeviceFacts, attention_kernel
-from ..workload.layout import Roles, splash_blocks
+from ..workload.layout import Roles, regathered, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
 from .moe import MOE_NAMES, dense_layer_weights, moe_intermediates, moe_layer_weights
@@ -189,16 +189,19 @@ def working_bytes(
     *,
     per_sublayer: bool = False,
     moe: bool = False,
+    regather: bool = False,
 ) -> int:
     """What one layer's backward pass holds of intermediates: their gradients, and what it
     recomputes. The named policies keep their measured factor; a custom placement holds every
     gradient plus the named tensors it recomputes (as "dots" when it recomputes none);
-    `per_sublayer`: one sublayer at a time, weights included (`sublayer`); `moe`: a MoE layer."""
+    `per_sublayer`: one sublayer at a time, weights included (`sublayer`); `moe`: a MoE layer;
+    `regather`: the step gathers the recomputed q, k and v weights again (`layout.regathered`)."""
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash", moe=moe)
     if per_sublayer and not moe:
         fixed = {n: -1 if _fixed(n, False) else None for n in found}
         sizes = {n: stored(*v, tile, minor=fixed[n]) for n, v in found.items()}
-        return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype)
+        again = regathered(model, train, roles) if regather else ()
+        return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype, again)
     everything = layer_bytes(
         model, _shape_only(train), sh, roles, tile, kernel, saved=False, moe=moe
     )
@@ -261,7 +264,14 @@ def memory_terms(
             model, train, sh, roles, tile, kernel, saved=True
         )
         layer = 3 * weights * (not per_sublayer) + working_bytes(
-            model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer
+            model,
+            train,
+            sh,
+            roles,
+            tile,
+            kernel,
+            per_sublayer=per_sublayer,
+            regather=device.traits.regathers_attention_weights,
         )
     return terms | {
         "batch": _batch_bytes(sh, tile),

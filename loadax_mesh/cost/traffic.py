@@ -4,7 +4,9 @@ Bytes are counted as the compiled program reports them (`compile.CompileReport`)
 buffer over the group (all-gather's result, reduce-scatter's input, the others' buffer), per
 device and per step. What each role's axis carries:
 - FSDP: every layer's weights gathered in the forward pass and again in the backward pass (a
-  full-remat recompute reuses the backward's), and its weight gradients reduced; the embedding
+  full-remat recompute reuses the backward's, but on TPU the q, k and v weights it recomputes
+  are gathered a third time for their input gradient, as MaxText's step does and ours there:
+  `layout.regathered`), and its weight gradients reduced; the embedding
   tables gathered and their gradients reduced; all of it once per micro-batch. With logits
   chunks the unembedding is gathered again in every chunk of the forward pass and of its
   recompute, and its gradient reduced per chunk. (Where the TPU
@@ -60,7 +62,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..hardware.profile import DeviceFacts
-from ..workload.layout import Roles
+from ..workload.layout import Roles, regathered
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
 from .memory import Shapes, layer_weights, shard_bytes
@@ -103,13 +105,19 @@ class AxisTraffic:
 
 
 def collectives(
-    model: ModelSpec, train: TrainSpec, roles: Roles, *, overlapped: bool = False
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    *,
+    overlapped: bool = False,
+    regather: bool = False,
 ) -> list[Collective]:
     """Every collective the step runs, by axis (see the module's docstring); `overlapped`: the
-    compiler overlaps tensor-parallel collectives with matmuls (libtpu's trait). With micro-batches
-    each runs once per micro-batch: the weights are gathered again and each micro-batch's
-    gradients are reduced as they come (the step differentiates one micro-batch at a time);
-    activation collectives move a micro-batch's rows each time."""
+    compiler overlaps tensor-parallel collectives with matmuls (libtpu's trait); `regather`: the
+    step gathers the recomputed q, k and v weights again (`regathers_attention_weights`). With
+    micro-batches each runs once per micro-batch: the weights are gathered again and each
+    micro-batch's gradients are reduced as they come (the step differentiates one micro-batch
+    at a time); activation collectives move a micro-batch's rows each time."""
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
     m, L, d, M = roles.size("model"), model.num_layers, model.d_model, train.microbatches
@@ -133,6 +141,14 @@ def collectives(
             if model.num_experts
             else layer_collectives(model, a, m, cd, L * M, in_line=overlapped)
         )
+        again_qkv = regathered(model, train, roles) if regather else ()
+        if again_qkv:  # in line, as the attention's other gathers on TPU
+            heads = {"query": model.num_heads, "key": model.num_kv_heads}
+            width = sum(heads.get(t, model.num_kv_heads) // m for t in again_qkv)
+            qkv = d * width * model.head_dim * cd
+            found.append(
+                Collective(a, "all-gather", "q, k, v weights again", qkv, L * M, not overlapped)
+            )
         found += [
             Collective(a, "all-gather", "embedding tables", tables, M, True),
             Collective(a, "reduce-scatter", "embedding gradients", tables, M, True),

@@ -63,6 +63,11 @@ class PlatformTraits:
     # matmul; only the forward's and the recompute's gathers and the other reductions wait
     # (a tensor-16 step, full and dots remat). XLA's GPU compiler runs them in line.
     overlaps_tensor_collectives: bool
+    # The step gathers the q, k and v weights again for their input gradient where it
+    # recomputes the projections, as MaxText's does: libtpu otherwise holds the recompute's
+    # gathered copies through the MLP's backward (0.9 GB on GPT-3 175B at fsdp 256). Not
+    # measured on GPU, where the step keeps them (its memory model was fitted so).
+    regathers_attention_weights: bool
 
     def compile_options(self, dump_dir: str) -> dict[str, Any] | None:
         """Options for `Lowered.compile`: where the compiler judges fit (libtpu), a dump
@@ -90,6 +95,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         offload_overlaps_compute=True,
         one_sublayer_at_a_time=True,
         overlaps_tensor_collectives=True,
+        regathers_attention_weights=True,
     ),
     "gpu": PlatformTraits(
         platform="gpu",
@@ -109,6 +115,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         offload_overlaps_compute=False,
         one_sublayer_at_a_time=False,
         overlaps_tensor_collectives=False,
+        regathers_attention_weights=False,
     ),
     "cpu": PlatformTraits(
         platform="cpu",
@@ -128,6 +135,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         offload_overlaps_compute=False,
         one_sublayer_at_a_time=False,
         overlaps_tensor_collectives=False,
+        regathers_attention_weights=False,
     ),
 }
 

@@ -337,3 +337,15 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
             f"expert axis {r.expert!r} of size {r.size('expert')}; accepted: an expert axis "
             "whose size divides num_experts (or none: the experts then sit on fsdp by d_model)"
         )
+
+
+def regathered(model: ModelSpec, train: TrainSpec, roles: Roles) -> tuple[str, ...]:
+    """The projections (query, key, value) whose backward pass, where the compiler wants it
+    (`PlatformTraits.regathers_attention_weights`), gathers the weight again rather than
+    holding the gathered copy the recompute made: those the pass recomputes, where the weights
+    are gathered (over fsdp, or an expert axis acting as fsdp), in grouped-query attention.
+    MaxText's step does so; libtpu otherwise keeps the three gathered weights through the MLP's
+    recompute and backward (0.9 GB on GPT-3 175B at fsdp 256: benchmarks/RESULTS.md)."""
+    if model.attention != "gqa" or roles.size("fsdp") * roles.size("expert") == 1:
+        return ()
+    return tuple(t for t in ("query", "key", "value") if train.placements[t] == "recompute")

@@ -24,8 +24,9 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..hardware.profile import platform_traits
 from .attention import attention
-from .layout import Roles, check_fit, param_shapes, roles
+from .layout import Roles, check_fit, param_shapes, regathered, roles
 from .loss import cross_entropy_loss
 from .moe import moe_mlp, scan_layers
 from .spec import ModelSpec, TrainSpec
@@ -48,6 +49,9 @@ class Step:
     model: ModelSpec
     train: TrainSpec
     roles: Roles
+    # The projections (query, key, value) whose backward pass gathers the weight again
+    # (`layout.regathered`).
+    regathered: tuple[str, ...] = ()
 
     def spec(self, logical: tuple[str | None, ...]) -> NamedSharding:
         return NamedSharding(self.mesh, P(*self.roles.mesh_axes(logical)))
@@ -245,8 +249,14 @@ class Step:
         if self.model.attention == "mla":
             q, k, v = self._latent_qkv(h, p)
         else:
+            again = set(self.regathered)
             q, k, v = (
-                checkpoint_name(jnp.einsum("bsd,dhk->bshk", h, p[w].astype(cdt)), name)
+                checkpoint_name(
+                    _regathered_projection(h, p[w])
+                    if name in again
+                    else jnp.einsum("bsd,dhk->bshk", h, p[w].astype(cdt)),
+                    name,
+                )
                 for w, name in (("wq", "query"), ("wk", "key"), ("wv", "value"))
             )
             sin, cos = _rotary(self.model.seq_len, self.model.head_dim)
@@ -319,12 +329,41 @@ def remat_policy(train: TrainSpec) -> Any:
     )
 
 
-def make_step(mesh: Mesh, model: ModelSpec, train: TrainSpec, *, batch_axes: Any) -> Step:
-    """The reference step on `mesh`; checks that every sharded dim divides by its axis."""
+@jax.custom_vjp
+def _regathered_projection(h: jax.Array, w: jax.Array) -> jax.Array:
+    """`bsd,dhk->bshk` of `h` and the stored weight `w` cast to h's dtype, whose backward pass
+    gathers `w` again: the barrier hides that the sharded weight is the forward's, so XLA
+    cannot reuse (and hold) the gathered copy. The same values as the plain einsum."""
+    return jnp.einsum("bsd,dhk->bshk", h, w.astype(h.dtype))
+
+
+def _regathered_forward(h: jax.Array, w: jax.Array) -> tuple[jax.Array, Any]:
+    return _regathered_projection(h, w), (h, w)
+
+
+def _regathered_backward(res: Any, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+    h, w = res
+    again = jax.lax.optimization_barrier(w)
+    dh = jnp.einsum("bshk,dhk->bsd", g, again.astype(h.dtype))
+    return dh, jnp.einsum("bsd,bshk->dhk", h, g).astype(w.dtype)
+
+
+_regathered_projection.defvjp(_regathered_forward, _regathered_backward)
+
+
+def make_step(
+    mesh: Mesh, model: ModelSpec, train: TrainSpec, *, batch_axes: Any, regather: bool | None = None
+) -> Step:
+    """The reference step on `mesh`; checks that every sharded dim divides by its axis.
+    `regather`: whether the q, k and v weights are gathered again in the backward pass where
+    `layout.regathered` says (None: as the platform's compiler wants,
+    `PlatformTraits.regathers_attention_weights`)."""
     names = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
     r = roles(tuple(mesh.shape.items()), names)
     check_fit(model, train, r)
-    return Step(mesh, model, train, r)
+    if regather is None:
+        regather = platform_traits(mesh.devices.flat[0].platform).regathers_attention_weights
+    return Step(mesh, model, train, r, regathered(model, train, r) if regather else ())
 
 
 def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
