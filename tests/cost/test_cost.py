@@ -39,16 +39,19 @@ def test_memory_counted_by_hand():
     assert e.terms["activations"] == L * tokens * D * cd  # full remat: each layer's input
     assert e.terms["logits"] == 2 * tokens * V * cd  # and their gradient
     assert e.terms["embeddings"] == 2 * V * D * cd  # a gathered table and its gradient
-    # Full remat on TPU, one sublayer at a time. The MLP's backward (the larger here): its
-    # weights gathered and their gradient, the attention's gathered ahead; gate and up
-    # recomputed and their gradients (4 d_ff-wide per token); the attention's residuals:
-    # rotated q and its output (8 heads), rotated k and v (2), the splash kernel's float32
-    # log-sum-exp written over 128 lanes; the layer's input and the gradient flowing back.
+    # Full remat on TPU, one sublayer at a time. The MLP's backward: its weights gathered and
+    # their gradient, the attention's output projection gathered ahead (q, k and v are
+    # gathered again for their input gradient); gate and up recomputed and their gradients
+    # (4 d_ff-wide per token); the attention's residuals: rotated q and its output (8 heads),
+    # rotated k and v (2), the splash kernel's float32 log-sum-exp written over 128 lanes; the
+    # layer's input and the gradient flowing back. The attention's backward (the larger here):
+    # its weights and their gradient, the MLP's gathered ahead, its residuals and theirs.
     residuals = tokens * (8 + 8 + 2 + 2) * 128 * cd + 8 * tokens * 128 * 4
-    mlp = 2 * 3 * D * F * cd + qkvo * cd + 4 * tokens * F * cd + residuals + 2 * tokens * D * cd
+    wo = D * 8 * 128
+    mlp = 2 * 3 * D * F * cd + wo * cd + 4 * tokens * F * cd + residuals + 2 * tokens * D * cd
     attention = 2 * qkvo * cd + 3 * D * F * cd + 2 * residuals + 2 * tokens * D * cd
-    assert mlp > attention
-    assert e.terms["layer"] == mlp
+    assert attention > mlp
+    assert e.terms["layer"] == attention
     always = e.terms["params"] + e.terms["optimizer"] + e.terms["batch"]
     loop = always + e.terms["activations"] + e.terms["gradients"] + e.terms["layer"]
     assert e.phases["layer loop"] == loop == e.memory_bytes == sum(e.memory.values())
@@ -63,17 +66,21 @@ def test_collectives_and_compute_counted_by_hand():
     layer = attention + 3 * D * F * cd  # one layer
     tables = 2 * V * D * cd
     fsdp = e.axes["fsdp"]
+    qkv = D * 128 * (8 + 2 + 2) * cd
     kinds = {(c.kind, c.what): (c.bytes, c.count) for c in fsdp.collectives}
     hidden = {c.what for c in fsdp.collectives if c.overlaps}
-    assert kinds == {  # forward and backward; on TPU the attention block's in line
+    assert kinds == {  # forward and backward; on TPU the attention block's in line, and its
+        # q, k and v gathered again for their input gradient
         ("all-gather", "attention weights"): (attention, 2 * L),
+        ("all-gather", "q, k, v weights again"): (qkv, L),
         ("all-gather", "MLP weights"): (layer - attention, 2 * L),
         ("reduce-scatter", "layer weight gradients"): (layer, L),
         ("all-gather", "embedding tables"): (tables, 1),
         ("reduce-scatter", "embedding gradients"): (tables, 1),
     }
-    assert "attention weights" not in hidden and "MLP weights" in hidden
-    assert fsdp.bytes == 3 * L * layer + 2 * tables and fsdp.across_granules == 0
+    assert hidden == {"MLP weights", "layer weight gradients", "embedding tables",
+                      "embedding gradients"}  # fmt: skip
+    assert fsdp.bytes == 3 * L * layer + L * qkv + 2 * tables and fsdp.across_granules == 0
     assert e.axes["data"].bytes == 0
     # 2 FLOPs per weight per token, causal attention, 3x for the backward pass, and full
     # remat's second forward pass of the layers but their down projections (the backward
@@ -212,7 +219,6 @@ def test_full_remat_on_tpu_holds_one_sublayer_at_a_time():
     r = roles([("data", 1), ("fsdp", 8)], ["data", "fsdp"])
     train = TrainSpec(global_batch=8)
     D, F, S, cd = 1024, 1024, 128, 2
-    swiglu = memory_terms(SMALL, train, r, TPU)
     relu = memory_terms(replace(SMALL, mlp="relu"), train, r, TPU)
     qkvo = D * 128 * (2 * 8 + 2 * 2) * cd
     residuals = S * (8 + 8 + 2 + 2) * 128 * cd + 8 * S * 128 * 4  # as counted above
@@ -223,13 +229,20 @@ def test_full_remat_on_tpu_holds_one_sublayer_at_a_time():
     mlp = 2 * 2 * D * F * cd + qkvo + S * F * cd + residuals + stream
     attention = 2 * qkvo + 2 * D * F * cd + 2 * residuals + stream
     assert attention > mlp and relu["layer"] == attention
-    # SwiGLU: its MLP phase, with gate and up and their gradients, is the larger.
-    assert swiglu["layer"] == 2 * 3 * D * F * cd + qkvo + 4 * S * F * cd + residuals + stream
+    # SwiGLU twice as wide: its MLP phase, with gate and up and their gradients, is the
+    # larger. It holds the attention's output projection gathered ahead; q, k and v are
+    # gathered again for their input gradient (`layout.regathered`), where gathered at all.
+    wide, F2 = replace(SMALL, d_ff=2 * F), 2 * F
+    wo = D * 8 * 128 * cd
+    mlp = 2 * 3 * D * F2 * cd + wo + 4 * S * F2 * cd + residuals + stream
+    assert memory_terms(wide, train, r, TPU)["layer"] == mlp
+    whole = roles([("data", 8), ("fsdp", 1)], ["data", "fsdp"])  # nothing gathered
+    assert memory_terms(wide, train, whole, TPU)["layer"] == mlp - wo + qkvo
     # Over a tensor axis (fsdp 4 x tensor 2: two rows a device): weights, heads, d_ff and the
     # residual stream halved, and the MLP's normalised input gathered whole beside them.
     tensor = roles([("fsdp", 4), ("model", 2)], ["fsdp"])
     T = 2 * S
     residuals = T * (4 + 4 + 1 + 1) * 128 * cd + 4 * T * 128 * 4
     stream, gathered = 2 * T * (D // 2) * cd, T * D * cd
-    mlp = 3 * D * F * cd + qkvo // 2 + 4 * T * (F // 2) * cd + residuals + stream + gathered
-    assert memory_terms(SMALL, train, tensor, TPU)["layer"] == mlp
+    mlp = 3 * D * F2 * cd + wo // 2 + 4 * T * (F2 // 2) * cd + residuals + stream + gathered
+    assert memory_terms(wide, train, tensor, TPU)["layer"] == mlp
