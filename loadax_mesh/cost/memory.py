@@ -200,8 +200,8 @@ def working_bytes(
     if per_sublayer and not moe:
         fixed = {n: -1 if _fixed(n, False) else None for n in found}
         sizes = {n: stored(*v, tile, minor=fixed[n]) for n, v in found.items()}
-        again = regathered(model, train, roles) if regather else ()
-        return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype, again)
+        twice = regathered(model, train, roles) if regather else ()
+        return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype, twice)
     everything = layer_bytes(
         model, _shape_only(train), sh, roles, tile, kernel, saved=False, moe=moe
     )
