@@ -263,15 +263,9 @@ def memory_terms(
         activations = model.num_layers * layer_bytes(
             model, train, sh, roles, tile, kernel, saved=True
         )
+        regather = device.traits.regathers_attention_weights
         layer = 3 * weights * (not per_sublayer) + working_bytes(
-            model,
-            train,
-            sh,
-            roles,
-            tile,
-            kernel,
-            per_sublayer=per_sublayer,
-            regather=device.traits.regathers_attention_weights,
+            model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer, regather=regather
         )
     return terms | {
         "batch": _batch_bytes(sh, tile),
