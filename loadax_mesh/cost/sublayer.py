@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..workload.layout import regathered_weights
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 
 
@@ -58,8 +59,7 @@ def recomputed_working(
     projections = ("gate", "up") if model.mlp == "swiglu" else ("up",)
     read = {"swiglu": projections, "gelu": ("up",), "relu": ()}[model.mlp]
     own = size(projections) + size(read)
-    heads = {"query": model.num_heads, "key": model.num_kv_heads, "value": model.num_kv_heads}
-    again = sum(model.d_model * (heads[t] // m) * model.head_dim for t in regathered) * cd
+    again = regathered_weights(model, regathered, m) * cd
     mlp = 2 * mlp_weights + attention_weights - again + own + residuals + stream
     # (a parallel block's MLP reads the attention's norm: `memory._found` has no MLP norm)
     mlp += size(("gathered mlp norm" if "mlp norm" in sizes else "gathered attention norm",))

@@ -62,7 +62,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..hardware.profile import DeviceFacts
-from ..workload.layout import Roles, regathered
+from ..workload.layout import Roles, regathered, regathered_weights
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
 from .memory import Shapes, layer_weights, shard_bytes
@@ -141,11 +141,8 @@ def collectives(
             if model.num_experts
             else layer_collectives(model, a, m, cd, L * M, in_line=overlapped)
         )
-        again_qkv = regathered(model, train, roles) if regather else ()
-        if again_qkv:  # in line, as the attention's other gathers on TPU
-            heads = {"query": model.num_heads, "key": model.num_kv_heads}
-            width = sum(heads.get(t, model.num_kv_heads) // m for t in again_qkv)
-            qkv = d * width * model.head_dim * cd
+        qkv = regathered_weights(model, regathered(model, train, roles), m) * cd * regather
+        if qkv:  # in line, as the attention's other gathers on TPU
             found.append(
                 Collective(a, "all-gather", "q, k, v weights again", qkv, L * M, not overlapped)
             )

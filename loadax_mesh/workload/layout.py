@@ -349,3 +349,10 @@ def regathered(model: ModelSpec, train: TrainSpec, roles: Roles) -> tuple[str, .
     if model.attention != "gqa" or roles.size("fsdp") * roles.size("expert") == 1:
         return ()
     return tuple(t for t in ("query", "key", "value") if train.placements[t] == "recompute")
+
+
+def regathered_weights(model: ModelSpec, names: tuple[str, ...], m: int) -> int:
+    """Elements of the named projections' weights (`regathered`'s) on one device once gathered,
+    heads cut over a tensor axis of size `m`."""
+    heads = {"query": model.num_heads, "key": model.num_kv_heads, "value": model.num_kv_heads}
+    return sum(model.d_model * (heads[t] // m) * model.head_dim for t in names)
