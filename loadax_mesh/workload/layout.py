@@ -343,10 +343,14 @@ def regathered(model: ModelSpec, train: TrainSpec, roles: Roles) -> tuple[str, .
     """The projections (query, key, value) whose backward pass, where the compiler wants it
     (`PlatformTraits.regathers_attention_weights`), gathers the weight again rather than
     holding the gathered copy the recompute made: those the pass recomputes, where the weights
-    are gathered (over fsdp, or an expert axis acting as fsdp), in grouped-query attention.
-    MaxText's step does so; libtpu otherwise keeps the three gathered weights through the MLP's
-    recompute and backward (0.9 GB on GPT-3 175B at fsdp 256: benchmarks/RESULTS.md)."""
-    if model.attention != "gqa" or roles.size("fsdp") * roles.size("expert") == 1:
+    are gathered (over fsdp, or an expert axis acting as fsdp), in grouped-query attention of a
+    sequential layer. MaxText's step does so; libtpu otherwise keeps the three gathered weights
+    through the MLP's recompute and backward (0.9 GB on GPT-3 175B at fsdp 256). Not in a
+    parallel block, whose MLP is differentiated beside the attention: there (MaxText-2023 128B,
+    fsdp 16 x tensor 16) libtpu then gathers the MLP's weights 13 times a layer, not 4, and
+    assigns more (benchmarks/RESULTS.md, 2026-11-26)."""
+    gathered = roles.size("fsdp") * roles.size("expert") > 1
+    if model.attention != "gqa" or model.parallel_block or not gathered:
         return ()
     return tuple(t for t in ("query", "key", "value") if train.placements[t] == "recompute")
 

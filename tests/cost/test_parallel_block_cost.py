@@ -56,8 +56,11 @@ def test_the_parallel_block_waits_less_and_recomputes_no_output_projection():
     per_layer = (seq.recompute_flops - par.recompute_flops) / (tokens_per_device * L)
     assert per_layer == pytest.approx(out_proj)
     # one norm a layer: d_model fewer weights, and fewer bytes for its float32 input and output
+    # (on GPU: on TPU the sequential layer's MLP phase leaves out q, k and v, which its step
+    # gathers again, layout.regathered, and the parallel block's holds them)
     assert SEQUENTIAL.num_params - PARALLEL.num_params == L * SEQUENTIAL.d_model
-    assert par.memory_bytes < seq.memory_bytes
+    gpu = [tensor(m, "gpu-a3-highgpu-8g-16", remat="full")[0] for m in (PARALLEL, SEQUENTIAL)]
+    assert gpu[0].memory_bytes < gpu[1].memory_bytes
 
 
 def test_dots_saves_no_output_projection_of_a_parallel_block():

@@ -27,6 +27,8 @@ def test_the_rule_names_the_recomputed_projections_of_gathered_weights():
     assert regathered(TINY, TrainSpec(global_batch=8), whole) == ()
     mla = ModelSpec.from_name("deepseek-v3")
     assert regathered(mla, TrainSpec(global_batch=8), fsdp) == ()
+    parallel = ModelSpec.from_name("maxtext-2023-16b")
+    assert parallel.parallel_block and regathered(parallel, TrainSpec(global_batch=8), fsdp) == ()
 
 
 def _step(regather: bool, train: TrainSpec):
