@@ -4,9 +4,9 @@ Bytes are counted as the compiled program reports them (`compile.CompileReport`)
 buffer over the group (all-gather's result, reduce-scatter's input, the others' buffer), per
 device and per step. What each role's axis carries:
 - FSDP: every layer's weights gathered in the forward pass and again in the backward pass (a
-  full-remat recompute reuses the backward's, but on TPU the q, k and v weights it recomputes
-  are gathered a third time for their input gradient, as MaxText's step does and ours there:
-  `layout.regathered`), and its weight gradients reduced; the embedding
+  full-remat recompute reuses the backward's, but on TPU a sequential layer's recomputed q, k
+  and v weights are gathered a third time for their input gradient, as MaxText's step does and
+  ours there: `layout.regathered`), and its weight gradients reduced; the embedding
   tables gathered and their gradients reduced; all of it once per micro-batch. With logits
   chunks the unembedding is gathered again in every chunk of the forward pass and of its
   recompute, and its gradient reduced per chunk. (Where the TPU
