@@ -106,3 +106,16 @@ def test_the_projection_and_its_gradients_are_the_einsums():
     for a, b in zip(pull_again(g), pull(g), strict=True):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+@pytest.mark.compile
+def test_the_step_regathers_as_its_platform_wants():
+    """The compile-only TPU devices get the re-gathering step (the trait), CPU devices not."""
+    from loadax_mesh.hardware.topology import topology_devices
+
+    train = TrainSpec(global_batch=8)
+    for devices, want in ((topology_devices("tpu-v5litepod-8"), ("query", "key", "value")),
+                          (None, ())):  # fmt: skip
+        plan = MeshConfig.from_preset("fsdp").plan(devices)
+        step = make_step(plan.to_jax_mesh(), TINY, train, batch_axes=plan.batch_axis_names)
+        assert step.regathered == want
