@@ -33,9 +33,10 @@
 `efficiency` and `intensity` are named calibrations per platform (configs/calibration.toml),
 as are the latency of a ring step across granules and what a TPU slice sends across slices in
 all (cost/estimate.py's `across_granules`), all fitted by benchmarks/bench_time.py on the
-calibration set alone. Where the catalogue has a chip's measured shares of its peak (the
-H100's matmuls and cuDNN attention kernels, benchmarks/bench_gpu_matmul.py), they price its
-matmuls and kernels in place of the efficiency, and the calibration set judges them.
+calibration set alone. Where the catalogue has a chip's measured shares (the H100's: of its
+peak, its matmuls and cuDNN attention kernels, benchmarks/bench_gpu_matmul.py; of its HBM
+bandwidth, its layers' memory-bound operations, benchmarks/probe_gpu_profile.py), they price it
+in place of the efficiency, and the calibration set judges them.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def step_time(
 ) -> StepTime:
     """The step's time on one device. `efficiency` and `intensity` are the named calibrations
     (`calibration`): the share of the peak a matmul reaches when its operands keep up (unless
-    `facts` has the chip's measured `matmul_share` and `attention_share`), and the FLOPs a
+    `facts` has the chip's measured shares), and the FLOPs a
     matmul does per byte it reads from HBM as the compiler tiles it (None: no limit).
     `hidden`, `exposed` and `across_granules` are the collectives' seconds (cost/traffic.py),
     `offload_bytes` what goes to host memory and back each way in a step; `permute_share` the
