@@ -191,6 +191,7 @@ def estimate_parts(
         exposed=sum(a.exposed_seconds - a.dcn_seconds for a in axes.values()),
         across_granules=sum(a.dcn_seconds for a in axes.values()),
         offload_bytes=moved,
+        kept_bytes=terms["activations"],
         permute_share=permute_share,
     )
     step = t.seconds

@@ -44,16 +44,16 @@ from __future__ import annotations
 import math
 import tomllib
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import cache
 from typing import Any
 
 from .._configs import config_path
 from ..errors import MeshConfigError
-from ..hardware.profile import DeviceFacts, Platform, attention_kernel
+from ..hardware.profile import DeviceFacts, Platform
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
-from .memory import Shapes, layer_bytes, shard_bytes
+from .memory import shard_bytes
 from .moe import MoeShapes, moe_intermediates
 from .moe_time import dispatch_einsums, permute_seconds
 from .saved import runs_again
@@ -97,6 +97,7 @@ def step_time(
     exposed: float,
     across_granules: float,
     offload_bytes: float,
+    kept_bytes: float = 0.0,
     permute_share: float | None = None,
 ) -> StepTime:
     """The step's time on one device. `efficiency` and `intensity` are the named calibrations
@@ -104,7 +105,9 @@ def step_time(
     `facts` has the chip's measured shares), and the FLOPs a
     matmul does per byte it reads from HBM as the compiler tiles it (None: no limit).
     `hidden`, `exposed` and `across_granules` are the collectives' seconds (cost/traffic.py),
-    `offload_bytes` what goes to host memory and back each way in a step; `permute_share` the
+    `offload_bytes` what goes to host memory and back each way in a step, `kept_bytes` what
+    the layers keep on the device for one micro-batch's backward pass (the memory model's
+    "activations"); `permute_share` the
     named calibration `permute_bandwidth` (None: no limit; cost/moe_time.py).
 
     Every size below is one device's: a micro-batch's tokens, and the widths the tensor axis
@@ -245,13 +248,11 @@ def step_time(
     # share of its HBM bandwidth where the catalogue has one (GPU: XLA's fusions move more than
     # this count); the optimizer's update streams at the full bandwidth
     streamed = hbm * (facts.memory_share or 1.0)
-    # What a layer keeps for the backward pass is copied into the layer scan's stacks and back
-    # out each micro-batch: 4 accesses of its bytes (profiled on one H100: the stacks' update
-    # and slice fusions, 7.8 ms more under minimal_flash than full remat over 4 layers of
-    # LLaMA-2 7B, about 4 x the bytes it saves more, at HBM speed; benchmarks/RESULTS.md).
-    sh, kernel = Shapes.of(model, train, roles), attention_kernel(train.attention, facts.platform)
-    kept = partial(layer_bytes, model, train, sh, roles, facts.tile, kernel, saved=True)
-    stacks = 4 * ((layers - moe) * kept() + (moe * kept(moe=True) if moe else 0)) / hbm
+    # What the layers keep for the backward pass is copied into the layer scan's stacks and
+    # back out each micro-batch: 4 accesses of its bytes (profiled on one H100: the stacks'
+    # update and slice fusions, 7.8 ms more under minimal_flash than full remat over 4 layers
+    # of LLaMA-2 7B, about 4 x the bytes it keeps more, at HBM speed; benchmarks/RESULTS.md).
+    stacks = 4 * kept_bytes / hbm
     memory = micro * (tokens * per_token / streamed + moe * permute + stacks) + update / hbm
     compute = micro * (matmuls + kernels) + memory
     forward = micro * (
