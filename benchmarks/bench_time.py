@@ -267,9 +267,8 @@ def main() -> None:
         for p, group in by_platform.items():
             k, i, lat, g = fit(tables[p], p)
             chip = sum(r.measured for r in group)
-            aside = f"; fitted with the measured shares of {chip} runs' chips set aside" * bool(
-                chip
-            )
+            aside = f"; fitted with the measured shares of {chip} runs' chips set aside"
+            aside = aside if chip else ""
             print(
                 f"{p}: compute_efficiency {k:.3f}, matmul_intensity {i}, dcn_latency "
                 f"{lat * 1e6:.0f} us, dcn_slice_bandwidth {g} ({len(group)} runs{aside})"
