@@ -49,32 +49,3 @@ def weights_floor(model: ModelSpec, train: TrainSpec, r: Roles, facts: DeviceFac
     """What every phase holds whatever the recipe: parameters, optimizer state, gradients."""
     terms = memory_terms(model, train, r, facts)
     return terms["params"] + terms["optimizer"] + terms["gradients"]
-
-
-def sharded_and_single_losses(
-    model: ModelSpec, train: TrainSpec, *, steps: int = 3
-) -> tuple[np.ndarray, np.ndarray]:
-    """The reference step's losses over `steps` steps on one batch of random tokens, over the
-    `fsdp_tp` preset on every local device and on one device, from the same initialisation."""
-    import jax
-
-    from loadax_mesh import MeshConfig
-    from loadax_mesh.workload.step import make_step
-
-    losses = []
-    single = MeshConfig((1,), ("data",)).plan(jax.devices()[:1])
-    for plan in (MeshConfig.from_preset("fsdp_tp").plan(), single):
-        step = make_step(plan.to_jax_mesh(), model, train, batch_axes=plan.batch_axis_names)
-        params, opt = step.init(jax.random.key(0))
-        shape = (train.global_batch, model.seq_len + 1)
-        tokens = np.random.default_rng(0).integers(0, model.vocab_size, shape).astype(np.int32)
-        batch = {
-            "tokens": jax.device_put(tokens[:, :-1], step.batch_sharding),
-            "targets": jax.device_put(tokens[:, 1:], step.batch_sharding),
-        }
-        run = []
-        for _ in range(steps):
-            params, opt, loss = step.fn(params, opt, batch)
-            run.append(float(loss))
-        losses.append(run)
-    return np.array(losses[0]), np.array(losses[1])

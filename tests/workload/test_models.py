@@ -15,7 +15,8 @@ from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import check_fit, param_shapes, roles
-from tests.helpers import sharded_and_single_losses
+
+from .losses import sharded_and_single_losses
 
 B = 1e9
 

@@ -13,7 +13,8 @@ from loadax_mesh import MeshConfig, MeshConfigError
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import param_shapes
 from loadax_mesh.workload.step import make_step
-from tests.helpers import sharded_and_single_losses
+
+from .losses import sharded_and_single_losses
 
 # MaxText's 2023 layer in miniature: multi-head attention, a ReLU MLP, tied embeddings.
 PARALLEL = replace(
