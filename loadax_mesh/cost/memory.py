@@ -241,17 +241,17 @@ def memory_terms(
     roles: Roles,
     device: DeviceFacts,
     *,
-    batch_across_granules: bool = False,
+    replicas_across_granules: bool = False,
 ) -> dict[str, int]:
     """Every device term in bytes per device of `device`'s hardware; `phases` says which of
-    them are live at once. Where the batch spans TPU slices, the embedding tables' gradients
-    wait for the reduction across slices (the hosts' megascale transfers, at the end of the
-    step): both tables and both gradients are held, or the one table and its gradient when tied
-    (`batch_across_granules`; GPUs reduce across hosts as they go)."""
+    them are live at once. Where a data-parallel axis spans TPU slices, the embedding tables'
+    gradients wait for the reduction across slices (the hosts' megascale transfers, at the
+    end of the step): both tables and both gradients are held, or the one table and its
+    gradient when tied (`replicas_across_granules`; GPUs reduce across hosts as they go)."""
     tile, kernel = device.tile, attention_kernel(train.attention, device.platform)
     dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
     held = device.traits.holds_reduced_gradients
-    terms = dict(_fixed_terms(model, *dtypes, roles, tile, held, batch_across_granules))
+    terms = dict(_fixed_terms(model, *dtypes, roles, tile, held, replicas_across_granules))
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
     per_sublayer = counted_per_sublayer(train, device.traits.one_sublayer_at_a_time)
@@ -363,14 +363,14 @@ def memory_floor(
     roles: Roles,
     device: DeviceFacts,
     *,
-    batch_across_granules: bool = False,
+    replicas_across_granules: bool = False,
 ) -> int:
     """A lower bound of every recipe's peak (memory_terms's, as `phases` finds it): the tail
     phase's terms that no recipe changes (arguments, gradient shards and their reduced copy,
     the tables), the accumulator left out; the peak is the largest phase's total."""
     dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
     held = device.traits.holds_reduced_gradients
-    terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, batch_across_granules))
+    terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, replicas_across_granules))
     terms["batch"] = _batch_bytes(Shapes.of(model, train, roles), device.tile)
     return sum(terms[k] for k in (*ALWAYS, *PHASES["tail"]) if k in terms)
 

@@ -73,7 +73,7 @@ def fitting_recipes(
     wanted: list[dict[str, Any]],
     r: Roles,
     facts: DeviceFacts,
-    batch_across_granules: bool,
+    replicas_across_granules: bool,
     headroom: float,
     *,
     floor: bool = True,
@@ -82,15 +82,15 @@ def fitting_recipes(
     memory of those that do not (for the error when none fits). Memory falls as micro-batches
     grow, so the fewest that fit are found by bisection; logits chunks change only the logits
     term, so each remat and micro-batch count is priced once for every chunk count.
-    `batch_across_granules`: memory.memory_terms's (estimate.holds_tables). `floor`: a mesh
+    `replicas_across_granules`: memory.memory_terms's (estimate.holds_tables). `floor`: a mesh
     whose terms no recipe changes (memory.memory_floor: parameters, optimizer state, gradient
     shards, tables, the batch) exceed the limit gets no recipe and no least at once (most
     meshes of a large MoE)."""
     out: list[Recipe] = []
     least: list[int] = []  # the peak memory of each recipe that does not fit
     limit = facts.hbm_bytes * (1 - headroom)
-    across = batch_across_granules
-    if floor and memory_floor(model, train, r, facts, batch_across_granules=across) > limit:
+    across = replicas_across_granules
+    if floor and memory_floor(model, train, r, facts, replicas_across_granules=across) > limit:
         return [], None
     host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
     offloads = facts.host_memory_bytes is not None and facts.host_link_bandwidth is not None
@@ -101,9 +101,7 @@ def fitting_recipes(
         if key not in priced:
             over = host_bytes(model, t, r, facts) > host_limit
             priced[key] = (
-                None
-                if over
-                else memory_terms(model, t, r, facts, batch_across_granules=batch_across_granules)
+                None if over else memory_terms(model, t, r, facts, replicas_across_granules=across)
             )
         base = priced[key]
         if base is None:

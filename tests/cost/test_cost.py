@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
+from loadax_mesh import (
+    HybridMeshShape,
+    MeshConfig,
+    MeshConfigError,
+    choose_mesh,
+    simulate_devices,
+)
 from loadax_mesh.cost import estimate
 from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload import ModelSpec, TrainSpec
@@ -57,6 +63,29 @@ def test_memory_counted_by_hand():
     assert e.phases["layer loop"] == loop == e.memory_bytes == sum(e.memory.values())
     assert e.memory["logits"] == 0  # not live in the layer loop
     assert e.fits and e.hbm_bytes == int(95.74 * 2**30)
+
+
+def test_tables_wait_across_slices_only_where_parameters_are_replicated_there():
+    """A data axis over two slices holds both tables and both gradients for the reduction
+    across slices at the end of the step; an FSDP axis over both reduces them in one
+    collective as soon as each is computed (libtpu on 2 x v6e-256), so it holds what one
+    slice does."""
+    devices = simulate_devices("tpu-v5p-16-2")
+    V, D, cd = 1024, 1024, 2
+    train = TrainSpec(global_batch=16)
+
+    def tables(config: MeshConfig) -> int:
+        return estimate(config.plan(devices), SMALL, train).terms["embeddings"]
+
+    def config(dcn: tuple[int, int]) -> MeshConfig:
+        shape = HybridMeshShape((1, 8), dcn)
+        return MeshConfig(
+            mesh_shape=shape, mesh_axis_names=("data", "fsdp"), batch_axis_names=("data", "fsdp")
+        )
+
+    data, fsdp = config((2, 1)), config((1, 2))
+    assert tables(data) == 4 * V * D * cd
+    assert tables(fsdp) == 2 * V * D * cd
 
 
 def test_collectives_and_compute_counted_by_hand():
