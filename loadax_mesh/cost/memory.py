@@ -246,8 +246,8 @@ def memory_terms(
     """Every device term in bytes per device of `device`'s hardware; `phases` says which of
     them are live at once. Where a data-parallel axis spans TPU slices, the embedding tables'
     gradients wait for the reduction across slices (the hosts' megascale transfers, at the
-    end of the step): both tables and both gradients are held, or the one table and its
-    gradient when tied (`replicas_across_granules`; GPUs reduce across hosts as they go)."""
+    end of the step): the tail holds both tables and both gradients, or the one table and
+    its gradient when tied (`replicas_across_granules`; GPUs reduce across hosts as they go)."""
     tile, kernel = device.tile, attention_kernel(train.attention, device.platform)
     dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
     held = device.traits.holds_reduced_gradients
@@ -346,9 +346,12 @@ def _fixed_terms(
         # float32 one. XLA's GPU pipeline reduces each layer's shards inside the loop (a bf16
         # all-reduce per layer in the loop body), so no stacked set is held there.
         ("reduced gradients", shard_bytes(model, roles, cd, tile) * _dp(roles) * holds_reduced),
-        # The gathered unembedding and its gradient; both tables and both gradients where
-        # they wait for the reduction across slices. Tied: the one table and its gradient.
-        ("embeddings", (4 if held_tables and not model.tied_embeddings else 2) * table),
+        # The gathered unembedding and its gradient (tied: the one table and its gradient).
+        ("embeddings", 2 * table),
+        # Untied, where the tables' gradients wait for the reduction across slices: the input
+        # table and its gradient as well, at the end of the step only (the input table's
+        # gradient exists once the backward layer loop is done).
+        ("held tables", 2 * table * (held_tables and not model.tied_embeddings)),
     )
 
 
@@ -378,7 +381,7 @@ def memory_floor(
 PHASES = {
     "backward head": ("activations", "gradients", "accumulator", "logits", "embeddings"),
     "layer loop": ("activations", "gradients", "accumulator", "reduced gradients", "layer"),
-    "tail": ("gradients", "accumulator", "reduced gradients", "embeddings"),
+    "tail": ("gradients", "accumulator", "reduced gradients", "embeddings", "held tables"),
 }
 ALWAYS = ("params", "optimizer", "batch")
 

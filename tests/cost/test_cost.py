@@ -67,15 +67,20 @@ def test_memory_counted_by_hand():
 
 def test_tables_wait_across_slices_only_where_parameters_are_replicated_there():
     """A data axis over two slices holds both tables and both gradients for the reduction
-    across slices at the end of the step; an FSDP axis over both reduces them in one
-    collective as soon as each is computed (libtpu on 2 x v6e-256), so it holds what one
-    slice does."""
+    across slices at the end of the step (the input table's gradient exists only after the
+    backward layer loop, so the head of the backward pass holds one table and its gradient);
+    an FSDP axis over both reduces them in one collective as soon as each is computed
+    (libtpu on 2 x v6e-256), so it holds what one slice does."""
     devices = simulate_devices("tpu-v5p-16-2")
     V, D, cd = 1024, 1024, 2
     train = TrainSpec(global_batch=16)
 
     def tables(config: MeshConfig) -> int:
-        return estimate(config.plan(devices), SMALL, train).terms["embeddings"]
+        e = estimate(config.plan(devices), SMALL, train)
+        t = e.terms  # the held tables are in the tail, not in the backward pass's head
+        head_less_tail = t["activations"] + t["logits"] - t["reduced gradients"] - t["held tables"]
+        assert e.phases["backward head"] - e.phases["tail"] == head_less_tail
+        return e.terms["embeddings"] + e.terms["held tables"]
 
     def config(dcn: tuple[int, int]) -> MeshConfig:
         shape = HybridMeshShape((1, 8), dcn)
