@@ -40,6 +40,9 @@ _FREE = {
     # memory (S(5)), and slices prefetched into on-chip memory (S(1))
     "dynamic-update-slice-start", "dynamic-update-slice-done", "dynamic-slice-start",
     "dynamic-slice-done", "slice-start", "slice-done",
+    # asynchronous calls on another execution thread: TPU7x runs its collectives on the
+    # SparseCores (`async_execution_thread="sparsecore"`), beside the TensorCores
+    "call-start", "call-update", "call-done",
 }  # fmt: skip
 
 # jax's splash kernels (the instruction takes the kernel's name) and the matmul FLOPs each does

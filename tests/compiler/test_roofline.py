@@ -87,6 +87,26 @@ def test_a_step_that_offloads_to_host_memory_has_a_roofline() -> None:
     assert report.roofline_seconds >= report.flops / 918e12 * 0.99  # v6e's peak, kernels in
 
 
+def test_a_step_whose_collectives_run_on_sparsecores_has_a_roofline() -> None:
+    # TPU7x's compiler moves the weight gathers onto the SparseCores as asynchronous calls
+    # (call-start / call-done); the TensorCores' roofline leaves them out
+    from loadax_mesh import MeshConfig, ModelSpec, TrainSpec
+    from loadax_mesh.workload.step import make_step
+
+    hardware = "tpu-7x-8"
+    plan = MeshConfig.from_preset("fsdp").plan(topology_devices(hardware), selector=hardware)
+    step = make_step(
+        plan.to_jax_mesh(), ModelSpec.from_name("tiny"), TrainSpec(global_batch=8),
+        batch_axes=plan.batch_axis_names,
+    )  # fmt: skip
+    text = step.fn.lower(*step.abstract_args()).compile().as_text()
+    assert "call-start(" in text and 'async_execution_thread="sparsecore"' in text
+    peak = 2307e12 / 2  # a TensorCore's share of a TPU7x chip (catalogue)
+    r = roofline(text, peak_flops=peak, hbm_bandwidth=7.4e12 / 2)
+    assert r is not None and r.flops > 0
+    assert r.seconds >= r.flops / peak
+
+
 def test_a_v4_tensorcore_step_is_priced_at_half_a_chip() -> None:
     # libtpu's compile-only v4 devices are TensorCores: each runs half a chip's program, at half
     # its peak (275 TFLOP/s) and HBM bandwidth (1200 GB/s), where the catalogue's device is the
