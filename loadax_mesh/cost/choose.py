@@ -93,13 +93,15 @@ class _Scored:
 
 class Ranking(list[Choice]):
     """The best choices, best first, and how the search went: `considered` shapes times splits,
-    `pruned` (reason -> count), `planned` by the real planner and estimated on its rings."""
+    `pruned` (reason -> count), `planned` by the real planner and estimated on its rings,
+    `unsearched`: what the catalogue could not price, so the search left it out."""
 
     def __init__(self) -> None:
         super().__init__()
         self.considered = 0
         self.pruned: dict[str, int] = {}
         self.planned = 0
+        self.unsearched: list[str] = []
 
 
 def choose_mesh(
@@ -160,6 +162,16 @@ def choose_mesh(
     batch = tuple(a for a in names if a in _BATCH)
     n, granules = spec.num_devices, spec.granules
     ranking = Ranking()
+    host = {
+        "host memory": facts.host_memory_bytes,
+        "host link bandwidth": facts.host_link_bandwidth,
+    }
+    missing = [name for name, value in host.items() if value is None]
+    if missing:  # fitting_recipes leaves offload out there
+        ranking.unsearched.append(
+            f"recipes that offload to host memory (the catalogue has no {' or '.join(missing)} "
+            f"for {hardware})"
+        )
     candidates: list[_Candidate] = []
     smallest: int | None = None  # the least memory a mesh needs where none fits
     unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit

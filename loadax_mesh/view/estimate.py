@@ -44,10 +44,11 @@ def ranking_text(ranking: Ranking) -> str:
             ]
         )
     pruned = ", ".join(f"{n} {why}" for why, n in ranking.pruned.items()) or "none"
+    unsearched = "".join(f"; not searched: {what}" for what in ranking.unsearched)
     return (
         f"ranking    {ranking.considered} shapes x ICI/DCN splits considered; pruned: {pruned}; "
-        f"{ranking.planned} planned on the real rings; recipe: remat x micro-batches "
-        f"[/ logits chunks]\n{text_table(rows)}"
+        f"{ranking.planned} planned on the real rings{unsearched}; recipe: remat x "
+        f"micro-batches [/ logits chunks]\n{text_table(rows)}"
     )
 
 
@@ -57,6 +58,7 @@ def ranking_data(ranking: Ranking) -> dict[str, Any]:
         "considered": ranking.considered,
         "pruned": ranking.pruned,
         "planned": ranking.planned,
+        "unsearched": ranking.unsearched,
         "choices": [
             {"ici_mesh_shape": list(c.ici), "dcn_mesh_shape": list(c.dcn), **c.estimate.to_dict()}
             for c in ranking

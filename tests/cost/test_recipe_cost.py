@@ -185,6 +185,14 @@ def test_host_memory_judges_fit_and_missing_facts_are_named():
     # a GB200 rack has host memory unknown and no host link: offloads are not searched there
     ranking = choose_mesh("gpu-a4x-highgpu-4g-72", "tiny", TrainSpec(global_batch=72), top=1)
     assert "offload" not in ranking[0].train.placements.values()
+    # and the ranking says so, naming what is missing; TPU7x lacks the link alone
+    assert ranking.unsearched == [
+        "recipes that offload to host memory (the catalogue has no host memory or host link "
+        "bandwidth for gpu-a4x-highgpu-4g-72)"
+    ]
+    ironwood = choose_mesh("tpu-7x-8", "tiny", TrainSpec(global_batch=8), top=1)
+    assert "no host link bandwidth for tpu-7x-8" in ironwood.unsearched[0]
+    assert choose_mesh("tpu-v5p-8", "tiny", TrainSpec(global_batch=8), top=1).unsearched == []
 
 
 def test_to_dict_carries_the_recipe():
