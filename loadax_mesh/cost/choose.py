@@ -31,7 +31,14 @@ from ..shapes import HybridMeshShape
 from ..workload.layout import ROLE_NAMES, Roles, check_fit, check_modelled, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from .estimate import Estimate, estimate_parts, holds_tables
-from .recipes import RECIPE_FIELDS, Recipe, check_recipes, divisors, fitting_recipes
+from .recipes import (
+    RECIPE_FIELDS,
+    Recipe,
+    check_recipes,
+    divisors,
+    fitting_recipes,
+    missing_host_facts,
+)
 
 AXES = ("data", "fsdp", "seq", "model")
 _ACROSS = "tensor or sequence axis across granules"
@@ -162,11 +169,7 @@ def choose_mesh(
     batch = tuple(a for a in names if a in _BATCH)
     n, granules = spec.num_devices, spec.granules
     ranking = Ranking()
-    host = {
-        "host memory": facts.host_memory_bytes,
-        "host link bandwidth": facts.host_link_bandwidth,
-    }
-    missing = [name for name, value in host.items() if value is None]
+    missing = missing_host_facts(facts)
     if missing:  # fitting_recipes leaves offload out there
         ranking.unsearched.append(
             f"recipes that offload to host memory (the catalogue has no {' or '.join(missing)} "

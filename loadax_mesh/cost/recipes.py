@@ -67,6 +67,16 @@ def _hashable(remat: Any) -> Remat:
     return tuple((t, p) for t, p in (remat.items() if isinstance(remat, Mapping) else remat))
 
 
+def missing_host_facts(facts: DeviceFacts) -> list[str]:
+    """The catalogue facts an offloading recipe needs that `facts` lacks (host memory to judge
+    its fit, the host link to price its copies); none: offloads are searched."""
+    host = {
+        "host memory": facts.host_memory_bytes,
+        "host link bandwidth": facts.host_link_bandwidth,
+    }
+    return [name for name, value in host.items() if value is None]
+
+
 def fitting_recipes(
     model: ModelSpec,
     train: TrainSpec,
@@ -93,7 +103,7 @@ def fitting_recipes(
     if floor and memory_floor(model, train, r, facts, replicas_across_granules=across) > limit:
         return [], None
     host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
-    offloads = facts.host_memory_bytes is not None and facts.host_link_bandwidth is not None
+    offloads = not missing_host_facts(facts)
     priced: dict[tuple[Remat, int], dict[str, int] | None] = {}  # (remat, M) -> terms at C = 1
 
     def fits(t: TrainSpec, chunks: int) -> dict[str, int] | None:
