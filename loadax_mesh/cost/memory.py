@@ -190,18 +190,19 @@ def working_bytes(
     per_sublayer: bool = False,
     moe: bool = False,
     regather: bool = False,
+    sublayer_weights: bool = True,
 ) -> int:
     """What one layer's backward pass holds of intermediates: their gradients, and what it
     recomputes. The named policies keep their measured factor; a custom placement holds every
     gradient plus the named tensors it recomputes (as "dots" when it recomputes none);
-    `per_sublayer`: one sublayer at a time, weights included (`sublayer`); `moe`: a MoE layer;
-    `regather`: the step gathers the recomputed q, k and v weights again (`layout.regathered`)."""
+    `per_sublayer`: one sublayer at a time (`sublayer`), weights too with `sublayer_weights`;
+    `moe`: a MoE layer; `regather`: q, k and v weights gathered again (`layout.regathered`)."""
     found = _intermediates(model, train, sh, roles, splash=kernel == "splash", moe=moe)
     if per_sublayer and not moe:
-        fixed = {n: -1 if _fixed(n, False) else None for n in found}
-        sizes = {n: stored(*v, tile, minor=fixed[n]) for n, v in found.items()}
-        twice = regathered(model, train, roles) if regather else ()
-        return recomputed_working(model, sizes, roles.size("model"), train.compute_dtype, twice)
+        sizes = {n: _stored(n, v, tile, False) for n, v in found.items()}
+        twice = regathered(model, train, roles) if regather and sublayer_weights else ()
+        m, cd = roles.size("model"), train.compute_dtype
+        return recomputed_working(model, sizes, m, cd, twice, weights=sublayer_weights)
     everything = layer_bytes(
         model, _shape_only(train), sh, roles, tile, kernel, saved=False, moe=moe
     )
@@ -254,19 +255,20 @@ def memory_terms(
     terms = dict(_fixed_terms(model, *dtypes, roles, tile, held, replicas_across_granules))
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
-    per_sublayer = counted_per_sublayer(train, device.traits.one_sublayer_at_a_time)
+    per_sublayer = counted_per_sublayer(train, traits := device.traits, roles.size("model"))
     logits = 2 * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
     if model.num_experts:
         activations, layer = _moe_layers(model, train, sh, roles, tile, kernel)
     else:
         weights = layer_weights(model, roles.size("model")) * cd
-        activations = model.num_layers * layer_bytes(
-            model, train, sh, roles, tile, kernel, saved=True
-        )
-        regather = device.traits.regathers_attention_weights
-        layer = 3 * weights * (not per_sublayer) + working_bytes(
-            model, train, sh, roles, tile, kernel, per_sublayer=per_sublayer, regather=regather
-        )
+        saved = layer_bytes(model, train, sh, roles, tile, kernel, saved=True)
+        activations = model.num_layers * saved
+        regather = traits.regathers_attention_weights
+        work = partial(working_bytes, model, train, sh, roles, tile, kernel, regather=regather)
+        whole = not (per_sublayer and traits.sublayer_weights)
+        layer = 3 * weights * whole + work(per_sublayer=per_sublayer, sublayer_weights=not whole)
+    if traits.fuses_unlooped_gradients and model.num_layers == 1 == train.microbatches:
+        terms["gradients"] = 0  # no layer loop: each gradient fused into its update
     return terms | {
         "batch": _batch_bytes(sh, tile),
         "activations": activations,

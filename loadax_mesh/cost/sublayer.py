@@ -5,17 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..hardware.profile import PlatformTraits
 from ..workload.layout import regathered_weights
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 
 
-def counted_per_sublayer(train: TrainSpec, one_sublayer_at_a_time: bool) -> bool:
+def counted_per_sublayer(train: TrainSpec, traits: PlatformTraits, tensor: int) -> bool:
     """Whether a layer's backward pass is counted one sublayer at a time: where the compiler
-    holds one sublayer's buffers at a time (`PlatformTraits.one_sublayer_at_a_time`) and the
-    pass rebuilds each sublayer (nothing but the layer's input kept on the device: full remat,
-    or a recipe that offloads some of the rest)."""
+    holds one sublayer's buffers at a time (`PlatformTraits.one_sublayer_at_a_time`; over a
+    tensor axis of size `tensor` > 1 only where `sublayer_over_tensor_axis`) and the pass
+    rebuilds each sublayer (nothing but the layer's input kept on the device: full remat, or a
+    recipe that offloads some of the rest)."""
     kept = any(p == "device" for t, p in train.placements.items() if t != "layer_input")
-    return one_sublayer_at_a_time and not kept
+    cut = tensor > 1 and not traits.sublayer_over_tensor_axis
+    return traits.one_sublayer_at_a_time and not kept and not cut
 
 
 def recomputed_working(
@@ -24,11 +27,15 @@ def recomputed_working(
     m: int,
     compute_dtype: str,
     regathered: tuple[str, ...] = (),
+    *,
+    weights: bool = True,
 ) -> int:
     """Bytes the backward pass of one recomputed layer holds at once, weights included; `sizes`:
     the bytes of each of its intermediates (`memory._intermediates`), as stored; `m`: the
     tensor axis's size; `regathered`: the projections (query, key, value) whose weights the step
-    gathers again for their input gradient (`layout.regathered`).
+    gathers again for their input gradient (`layout.regathered`); `weights`: count the weights
+    as held one sublayer at a time (libtpu); without, the intermediates alone (XLA's GPU
+    compiler holds the whole layer's weights: `memory.memory_terms` counts them).
 
     It differentiates one sublayer at a time, holding that sublayer's gathered weights and
     their gradient and the other sublayer's weights gathered ahead, but for those gathered
@@ -48,7 +55,7 @@ def recomputed_working(
     def size(names: Iterable[str]) -> int:
         return sum(sizes.get(n, 0) for n in names)
 
-    cd = dtype_bytes(compute_dtype)
+    cd = dtype_bytes(compute_dtype) * weights
     mlp_weights = model.mlp_params(model.d_ff) // m * cd
     attention_weights = (model.layer_params - model.norms * model.d_model) // m * cd - mlp_weights
     key = "rotated k" if "rotated k" in sizes else "k"  # latent attention's k is rotated

@@ -55,9 +55,27 @@ class PlatformTraits:
     # TPU host-offload copies run beside their own pass's compute; on GPU they wait
     # (measured on an H200: benchmarks/bench_gpu_step.py).
     offload_overlaps_compute: bool
-    # libtpu's backward pass of a fully recomputed layer holds one sublayer's buffers at a
-    # time (its live ranges at the peak); on GPU the whole layer's are counted.
+    # The backward pass of a fully recomputed layer holds one sublayer's intermediates at a
+    # time (the compiler's live ranges at the peak): libtpu's, and XLA's GPU compiler's (its
+    # heap at the peak of GPT-3 175B's layer loop, one H200 compile-only: the MLP's recompute
+    # beside the attention's residuals, not the whole layer's intermediates twice).
     one_sublayer_at_a_time: bool
+    # libtpu also holds the weights one sublayer at a time (that sublayer's gathered and their
+    # gradient, the other's gathered ahead); XLA's GPU compiler holds the whole layer's
+    # weights gathered twice (prefetch) and once as their gradient before it is reduced.
+    sublayer_weights: bool
+    # Whether the count one sublayer at a time holds over a tensor axis: on GPU, where XLA runs
+    # the tensor collectives in line, a layer cut over one holds more at its peak than one
+    # sublayer's intermediates (compile-only H100/H200: LLaMA-3 70B at fsdp 64 x tensor 8 0.75
+    # of the compiled step so counted, GPT-3 175B and Mistral 7B at tensor 8 0.93 and 0.88), so
+    # there the whole layer's are counted as before.
+    sublayer_over_tensor_axis: bool
+    # With one layer XLA's loop simplifier removes the layer scan, and XLA's GPU compiler then
+    # fuses each weight's compute-dtype gradient into its optimizer update: no float32 set of
+    # gradient shards is held (GPT-3 175B cut to one layer, one H200 compile-only: a 12.95 GB
+    # temp block with no float32 gradient in it; with two layers the scan's float32 gradient
+    # stacks are all live). Not measured on libtpu.
+    fuses_unlooped_gradients: bool
     # libtpu overlaps most tensor-parallel collectives with matmuls: the backward pass's
     # gathers as async collective fusions, one reduce-scatter a pass as a windowed (collective)
     # matmul; only the forward's and the recompute's gathers and the other reductions wait
@@ -94,6 +112,9 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         holds_reduced_gradients=True,
         offload_overlaps_compute=True,
         one_sublayer_at_a_time=True,
+        sublayer_weights=True,
+        sublayer_over_tensor_axis=True,
+        fuses_unlooped_gradients=False,
         overlaps_tensor_collectives=True,
         regathers_attention_weights=True,
     ),
@@ -113,7 +134,10 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         preallocated_pool=True,
         holds_reduced_gradients=False,
         offload_overlaps_compute=False,
-        one_sublayer_at_a_time=False,
+        one_sublayer_at_a_time=True,
+        sublayer_weights=False,
+        sublayer_over_tensor_axis=False,
+        fuses_unlooped_gradients=True,
         overlaps_tensor_collectives=False,
         regathers_attention_weights=False,
     ),
@@ -134,6 +158,9 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         holds_reduced_gradients=False,
         offload_overlaps_compute=False,
         one_sublayer_at_a_time=False,
+        sublayer_weights=False,
+        sublayer_over_tensor_axis=False,
+        fuses_unlooped_gradients=False,
         overlaps_tensor_collectives=False,
         regathers_attention_weights=False,
     ),
