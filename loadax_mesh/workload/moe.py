@@ -93,11 +93,14 @@ def moe_mlp(
     mlp = roles.model if roles.size("model") > 1 else None
     batch = roles.mesh_axes(("batch",))[0]
     tokens = P(batch, roles.seq, None)
+    out = P(batch, roles.seq, mlp)
     # The weights come in as they are stored, and are gathered inside (their gradients leave
-    # reduce-scattered): the router's d_model, and the experts' d_model over fsdp.
-    router = roles.mesh_axes(("embed", None))
-    w_in = roles.mesh_axes(("exp", "embed_no_exp", "mlp"))
-    w_out = roles.mesh_axes(("exp", "mlp", "embed_no_exp"))
+    # reduce-scattered): the router's d_model, and the experts' d_model over fsdp. Their specs
+    # name only axes that `out` names (`_within`): any other would leave the output varying
+    # over an axis `out` says it is replicated over.
+    router = _within(roles.mesh_axes(("embed", None)), out)
+    w_in = _within(roles.mesh_axes(("exp", "embed_no_exp", "mlp")), out)
+    w_out = _within(roles.mesh_axes(("exp", "mlp", "embed_no_exp")), out)
     gathers = (router[0], w_in[1])
     local = partial(
         _local,
@@ -111,13 +114,30 @@ def moe_mlp(
         local,
         mesh=mesh,
         in_specs=(tokens, P(*router), P(*w_in), P(*w_in), P(*w_out)),
-        out_specs=P(batch, roles.seq, mlp),
+        out_specs=out,
     )(h, *(p[w].astype(cdt) for w in ("router", "we_gate", "we_up", "we_down")))
     if not model.num_shared_experts:
         return routed
     gate = jnp.einsum("bsd,df->bsf", h, p["ws_gate"].astype(cdt))
     up = jnp.einsum("bsd,df->bsf", h, p["ws_up"].astype(cdt))
     return routed + jnp.einsum("bsf,fd->bsd", jax.nn.silu(gate) * up, p["ws_down"].astype(cdt))
+
+
+def _within(spec: tuple[Any, ...], out: P) -> tuple[Any, ...]:
+    """`spec`'s entries less the mesh axes `out` does not name (an entry left with none: None).
+
+    Under `shard_map` (jax's `check_vma`) an input varies over every axis its in_spec names,
+    size 1 included, and so does what the body computes from it, unless a collective reduces
+    over that axis; an out_spec that leaves such an axis out then claims a replication jax
+    cannot infer. The block reduces over the tensor axis only, into `out`; an axis of a
+    weight's spec that `out` does not name (the tensor or expert axis at size 1, or an fsdp
+    axis that does not split the batch) the weight arrives whole over, gathered outside."""
+    named = {a for entry in out for a in ((entry,) if isinstance(entry, str) else entry or ())}
+    kept = []
+    for entry in spec:
+        axes = tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a in named)
+        kept.append(axes[0] if len(axes) == 1 else (axes or None))
+    return tuple(kept)
 
 
 def _local(

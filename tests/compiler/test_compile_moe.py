@@ -1,6 +1,7 @@
 """A small MoE step compiled by libtpu for a v5p-16 (8 chips): with an expert axis its tokens
 travel by all-to-all over it and each chip gathers only its own experts; without one the
-experts' weights are gathered whole over fsdp (MaxText's newer MoE recipes)."""
+experts' weights are gathered whole over fsdp (MaxText's newer MoE recipes). And the mesh and
+recipe `choose_mesh` picks for a MoE model compile, on a GPU cluster and on a TPU slice."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from loadax_mesh import MeshConfig
+from loadax_mesh import MeshConfig, choose_mesh
 from loadax_mesh.compiler.report import compile_step
 from loadax_mesh.hardware.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
@@ -49,3 +50,28 @@ def test_without_an_expert_axis_the_experts_are_gathered_over_fsdp():
         c.kind == "all-gather" and c.axes == ("fsdp",) and c.bytes == EXPERT_WEIGHT
         for c in report.collectives
     )
+
+
+# The issue's model cut to one layer of 1024 tokens (its 128 experts at full width); on TPU
+# the tiny MoE, as libtpu takes 2 to 3 minutes on one such layer of Mixtral 8x7B here.
+QWEN3_MOE = replace(
+    ModelSpec.from_name("qwen3-235b-a22b"), name="qwen3-235b-a22b-1", num_layers=1, seq_len=1024
+)
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("hardware", "model", "global_batch"),
+    [("gpu-p5e.48xlarge-16", QWEN3_MOE, 64), ("tpu-v5p-8", MOE, 16)],
+    ids=["gpu-qwen3", "tpu-tiny-moe"],
+)
+def test_the_chosen_mesh_for_a_moe_model_compiles(hardware, model, global_batch):
+    """Issue 42: the winner had an expert and a tensor axis of size 1 (both: data 2 x fsdp 8 on
+    the p5e's 16 GPUs, data 2 x fsdp 2 on the v5p's 4 chips), whose MoE block failed to trace
+    (shard_map's out_specs named neither, the weights' in_specs both)."""
+    best = choose_mesh(hardware, model, TrainSpec(global_batch=global_batch))[0]
+    assert best.plan.shape["expert"] == best.plan.shape["model"] == 1
+    plan = best.config.plan(topology_devices(hardware))
+    report = compile_step(plan, model, best.train)
+    assert report.collectives  # compiled, its FSDP gathers and reductions read from the HLO

@@ -94,6 +94,34 @@ def test_moe_trains_on_eight_devices_like_one(single, model, shape, names, spec)
     assert (np.diff(losses) < 0).all(), losses
 
 
+# Meshes whose MoE block once failed to trace (issue 42): shard_map's out_spec left out an axis
+# a weight's in_spec named (jax's check_vma: "could not infer replication"): a tensor or expert
+# axis of size 1 (the step's roles name them whatever their size), or an fsdp axis that does
+# not split the batch.
+UNNAMED_IN_OUT = {
+    "tensor-1": ((2, 4, 1, 1, 1), ("data", "fsdp", "expert", "seq", "model"), ALL),
+    "expert-1-no-batch-axis": ((2, 4, 1), ALL, ("data", "fsdp")),
+    "fsdp-no-batch-axis": ((2, 4), ("data", "fsdp"), ("data",)),
+}
+
+
+@pytest.mark.parametrize("moe", ["dropless", "capacity"])
+@pytest.mark.parametrize("case", list(UNNAMED_IN_OUT))
+def test_the_block_traces_where_an_axis_of_the_weights_is_not_one_of_the_output(case, moe):
+    shape, names, batch = UNNAMED_IN_OUT[case]
+    mesh = MeshConfig(shape, names, batch_axis_names=batch).create_device_mesh()
+    step = make_step(mesh, MOE, TrainSpec(global_batch=8, moe=moe), batch_axes=batch)
+    step.fn.trace(*step.abstract_args())  # raised ValueError (out_specs) before the fix
+
+
+@pytest.mark.slow
+def test_with_fsdp_no_batch_axis_the_experts_arrive_gathered_and_train_like_one(single):
+    shape, names, batch = UNNAMED_IN_OUT["fsdp-no-batch-axis"]
+    sharded = MeshConfig(shape, names, batch_axis_names=batch).plan()
+    losses = train(sharded, MOE)
+    np.testing.assert_allclose(losses, train(single, MOE), rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_dropless_and_capacity_agree_when_nothing_drops_and_differ_when_it_does(single):
     """Balanced routing fills every expert evenly (each device's tokens spread over all 8), so
