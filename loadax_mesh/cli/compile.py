@@ -38,6 +38,12 @@ WORKLOAD_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
         "the loss computed over C slices of the tokens (default 1; with --strategy auto: "
         "searched unless given)",
     ),
+    "--moe": (
+        {"choices": ["dropless", "capacity"]},
+        "a model with experts: dropless (every token copy computed; the default) or capacity "
+        "(at most 1.25 x the even share of copies per expert, the rest dropped); with "
+        "--strategy auto: both searched unless given",
+    ),
     "--attention": (
         {"default": "flash", "choices": ["flash", "plain"]},
         "flash: splash kernel on TPU, cuDNN on GPU; plain: XLA with the scores written out",

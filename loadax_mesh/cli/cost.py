@@ -39,13 +39,14 @@ def specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec]:
 
 
 def recipe(args: argparse.Namespace) -> dict[str, Any]:
-    """The recipe fields the flags give (--remat, --microbatches, --logits-chunks)."""
+    """The recipe fields the flags give (--remat, --microbatches, --logits-chunks, --moe)."""
     from ..workload.spec import parse_remat
 
     given = {
         "remat": None if args.remat is None else parse_remat(args.remat),
         "microbatches": args.microbatches,
         "logits_chunks": args.logits_chunks,
+        "moe": getattr(args, "moe", None),
     }
     return {k: v for k, v in given.items() if v is not None}
 
@@ -71,7 +72,7 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     fixed = recipe(args)
     ranking = choose_mesh(args.hardware, model, train, recipes=[fixed])
     args.chosen_train = ranking[0].train  # what estimate and compile then run
-    fields = ("remat", "microbatches", "logits_chunks")
+    fields = ("remat", "microbatches", "logits_chunks") + ("moe",) * bool(model.num_experts)
     searched = [f"--{k.replace('_', '-')}" for k in fields if k not in fixed]
     return ranking[0].config, ranking, auto_note(ranking, searched)
 

@@ -151,6 +151,7 @@ def _refuse_workload_flags(args: argparse.Namespace) -> None:
             ("--remat", args.remat, None),
             ("--microbatches", args.microbatches, None),
             ("--logits-chunks", args.logits_chunks, None),
+            ("--moe", args.moe, None),
             ("--attention", args.attention, "flash"),
         )
         if value != default

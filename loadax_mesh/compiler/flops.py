@@ -3,8 +3,9 @@
 XLA's HLO cost analysis (the CPU backend's, over the module text) counts a while body once and
 knows nothing of custom calls: each one adds -1 (HloCostAnalysis::HandleCustomCall marks its
 cost unknown). So the body of every loop is analysed on its own and multiplied by its trip
-count, and cuDNN's fused attention (`__cudnn$fmha...`, what `jax.nn.dot_product_attention`
-with implementation="cudnn" compiles to on GPU) is counted here from its shapes and mask.
+count, and the GPU kernels the step runs are counted here from their shapes: cuDNN's fused
+attention (`__cudnn$fmha...`, what `jax.nn.dot_product_attention` with implementation="cudnn"
+compiles to) and tokamax's grouped matmuls (Mosaic GPU kernels, `mosaic_gpu...`).
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ import math
 from functools import cache
 from typing import Any
 
-from .hlo import HloText, Instruction, braced, call_target, operand_dims
+from .hlo import ARRAY, HloText, Instruction, braced, call_target, operand_dims
 
 CUDNN_ATTENTION = "__cudnn$fmha"  # the prefix of XLA's cuDNN fused-attention targets
+MOSAIC_GPU = "mosaic_gpu"  # the prefix of a Mosaic GPU (Pallas) kernel's target
 
 
 def step_flops(compiled: Any, hlo: HloText) -> float | None:
     """FLOPs per device per step: XLA's cost analysis with every while body counted once per
-    trip, T(c) = CA(c) - sum CA(body) + sum trips * T(body) over the loops in c, plus cuDNN's
-    attention calls (see `attention_flops`) times how often a step runs them. None where this
-    jaxlib offers no cost analysis of a module, or an attention call is of a kind not counted
-    here (no figure rather than a wrong one)."""
+    trip, T(c) = CA(c) - sum CA(body) + sum trips * T(body) over the loops in c, plus the GPU
+    kernels (`kernel_flops`) times how often a step runs them. None where this jaxlib offers
+    no cost analysis of a module, or a kernel is of a kind not counted here (no figure rather
+    than a wrong one)."""
     try:
         import jax
         from jax._src.lib import _jax
@@ -54,13 +56,59 @@ def step_flops(compiled: Any, hlo: HloText) -> float | None:
         return None
     for name, body in hlo.computations.items():
         for i in body:
-            if i.opcode == "custom-call" and call_target(i).startswith(CUDNN_ATTENTION):
-                counted = attention_flops(i)
+            if i.opcode == "custom-call" and call_target(i).startswith(_COUNTED):
+                counted = kernel_flops(i)
                 if counted is None:
                     return None
                 # XLA's analysis gave this call -1: undo that, add what it computes.
                 flops += hlo.multiplicity.get(name, 0) * (counted + 1)
     return flops if flops >= 0 else None
+
+
+_COUNTED = (CUDNN_ATTENTION, MOSAIC_GPU)
+
+
+def kernel_flops(call: Instruction) -> int | None:
+    """The FLOPs of one GPU kernel call (cuDNN's attention or a grouped matmul), None where
+    its kind is not counted here."""
+    target = call_target(call)
+    if target.startswith(CUDNN_ATTENTION):
+        return attention_flops(call)
+    if target.startswith(MOSAIC_GPU):
+        return grouped_matmul_flops(call)
+    return None
+
+
+def grouped_matmul_flops(call: Instruction) -> int | None:
+    """The FLOPs of one grouped-matmul kernel (tokamax's ragged_dot on GPU), from its float
+    operands (int32 operands carry the groups' sizes or tiles): rows [M, K] grouped by expert
+    with the experts' weights [G, K, N] giving rows [M, N] (the forward pass and the input
+    gradient), or the rows ([M, K] or as [K, M]) with the output's gradient [M, N] giving the
+    weights' gradient [G, K, N]. Either way each of the M rows meets one expert: 2 M K N, the
+    routed rows only. None for a Mosaic GPU kernel of any other shape (no figure rather than a
+    wrong one)."""
+    floats = [dims for dtype, dims in _typed_dims(call) if not dtype.startswith(("s", "u"))]
+    shapes = ARRAY.findall(call.shape)
+    if len(floats) != 2 or len(shapes) != 1:
+        return None
+    result = tuple(int(d) for d in shapes[0][1].split(",") if d)
+    (a, b) = floats
+    if len(result) == 2 and len(a) == 2 and len(b) == 3 and b[1:] == (a[1], result[1]):
+        m, k, n = a[0], a[1], result[1]
+    elif len(result) == 3 and len(a) == 2 and len(b) == 2 and result[1] in a:
+        k, n = result[1:]
+        m = a[0] * a[1] // k
+        if b != (m, n):
+            return None
+    else:
+        return None
+    return 2 * m * k * n
+
+
+def _typed_dims(call: Instruction) -> list[tuple[str, tuple[int, ...]]]:
+    """A custom call's operands as (dtype, dims), from `operand_layout_constraints`."""
+    text = braced(call.attributes, "operand_layout_constraints=")
+    return [(t, tuple(int(d) for d in dims.split(",") if d)) for t, dims in ARRAY.findall(text)]
 
 
 def attention_flops(call: Instruction) -> int | None:

@@ -7,7 +7,8 @@ operands as parameters, a fusion with its fused computation) and analysed there,
 bytes are what XLA counts for it (a dynamic slice of a stacked weight reads the slice, not the
 stack). XLA gives kernels no cost (a custom call adds -1: libtpu's `optimal_seconds` goes
 negative on the splash kernels, docs/facts/production_runs.md), so they are counted here from
-their shapes: jax's splash-attention kernels on TPU and cuDNN's fused attention on GPU.
+their shapes: jax's splash-attention kernels on TPU, cuDNN's fused attention and tokamax's
+grouped matmuls on GPU.
 
 Collectives, host transfers and control flow are not operations of the chip's cores: they add
 nothing here (the cost model prices them). Pure text work plus XLA's analysis on the CPU client.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .flops import CUDNN_ATTENTION, attention_flops
+from .flops import CUDNN_ATTENTION, MOSAIC_GPU, kernel_flops
 from .hlo import (
     COLLECTIVES,
     HloText,
@@ -174,13 +175,14 @@ def _scheduled(hlo: HloText) -> dict[str, int]:
 
 
 def _kernel(call: Instruction, hlo: HloText) -> tuple[float, float] | None:
-    """(FLOPs, bytes) of a custom call: the attention kernels from their shapes (bytes: their
-    operands and results), other calls (buffer bookkeeping, index hints) nothing. None for a
-    TPU kernel that is not one of jax's splash kernels: no way to count it here."""
+    """(FLOPs, bytes) of a custom call: the attention and grouped-matmul kernels from their
+    shapes (bytes: their operands and results), other calls (buffer bookkeeping, index hints)
+    nothing. None for a TPU kernel that is not one of jax's splash kernels, or a Mosaic GPU
+    kernel that is no grouped matmul: no way to count it here."""
     target = call_target(call)
     moved = _bytes_of(call, hlo)
-    if target.startswith(CUDNN_ATTENTION):
-        counted = attention_flops(call)
+    if target.startswith((CUDNN_ATTENTION, MOSAIC_GPU)):
+        counted = kernel_flops(call)
         return None if counted is None else (float(counted), float(moved))
     if target != "tpu_custom_call":
         return 0.0, 0.0

@@ -32,6 +32,7 @@ from ..workload.layout import ROLE_NAMES, Roles, check_fit, check_modelled, role
 from ..workload.spec import ModelSpec, TrainSpec
 from .estimate import Estimate, estimate_parts, holds_tables
 from .recipes import (
+    MOE_PATHS,
     RECIPE_FIELDS,
     Recipe,
     check_recipes,
@@ -140,10 +141,12 @@ def choose_mesh(
         headroom: the share of memory left free, in [0, 1).
         recipes: narrows the recipe search: mappings from recipe fields (RECIPE_FIELDS) to
             values; a field a mapping leaves out is searched (remat over REMATS, microbatches
-            over the divisors of the per-replica batch, logits_chunks over LOGITS_CHUNKS; all
-            three in cost/recipes.py), so
-            `[{}]` is the whole search and `[{"remat": "full", "microbatches": 1,
-            "logits_chunks": 1}]` one recipe. None (default): the whole search.
+            over the divisors of the per-replica batch, logits_chunks over LOGITS_CHUNKS,
+            and for a model with experts moe over MOE_PATHS, dropless and capacity, priced as
+            the platform runs each; all in cost/recipes.py), so `[{}]` is the whole search
+            and `[{"remat": "full", "microbatches": 1, "logits_chunks": 1, "moe":
+            "dropless"}]` one recipe (`{"moe": "dropless"}` keeps every token copy). None
+            (default): the whole search.
 
     Returns:
         A `Ranking` (a list of `Choice`, best first: each its MeshConfig, MeshPlan, Estimate
@@ -163,6 +166,8 @@ def choose_mesh(
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")
     wanted = check_recipes(recipes, train)
+    if model.num_experts:  # both paths, unless a recipe pins one
+        wanted = [w | {"moe": p} for w in wanted for p in ([w["moe"]] if "moe" in w else MOE_PATHS)]
     profile = hardware_profile(hardware)
     spec, facts = profile.spec, profile.facts()
     devices = simulate_devices(spec)
@@ -176,6 +181,9 @@ def choose_mesh(
             f"for {hardware})"
         )
     candidates: list[_Candidate] = []
+    # Perfect rings, each over every torus dim of a slice at once: what no planned axis beats
+    # (AxisQuality.link_factor), so a bound on every mesh's step
+    best_links = dict.fromkeys(names, float(max(1, sum(d > 1 for d in spec.topology))))
     smallest: int | None = None  # the least memory a mesh needs where none fits
     unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
     fits = f"{1 - headroom:.0%} of memory"
@@ -213,7 +221,7 @@ def choose_mesh(
                     unpriced.append((r, held))
                 _count(ranking.pruned, f"no recipe fits in {fits}", 1)
                 continue
-            bound = _fastest(model, r, factors, {}, facts, recipes_here).key  # perfect rings
+            bound = _fastest(model, r, factors, best_links, facts, recipes_here).key
             candidates.append(_Candidate(bound, r, factors, recipes_here))
     if not batch_ok:
         raise MeshConfigError(
@@ -263,7 +271,7 @@ def _fastest(
     facts: DeviceFacts,
     recipes: list[Recipe],
 ) -> _Scored:
-    """The fastest of the recipes on this mesh (`efficiency` empty: perfect rings)."""
+    """The fastest of the recipes on this mesh (`efficiency`: each axis's link factor)."""
     sizes = tuple(s for _, s in r.sizes)
     scored = []
     for k, recipe in enumerate(recipes):

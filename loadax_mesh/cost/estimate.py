@@ -58,6 +58,7 @@ class Estimate:
     remat: str  # the recipe priced: remat as the command line writes it,
     microbatches: int  # gradient accumulation steps,
     logits_chunks: int  # and the slices of the loss
+    moe: str | None  # a model with experts: its path ("dropless", "capacity"); else None
     memory: dict[str, int]  # the terms live at the peak (a term not live there is 0)
     memory_bytes: int  # their sum: the peak
     terms: dict[str, int]  # every term at its full size
@@ -159,9 +160,7 @@ def estimate_parts(
         )
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
-    flops, model_flops, recompute = step_flops(
-        model, train, r, grouped_kernel=facts.traits.mosaic_kernels
-    )
+    flops, model_flops, recompute = step_flops(model, train, r, grouped=facts.traits.grouped_matmul)
     if dcn_latency is None:
         dcn_latency = calibration("dcn_latency", facts.platform)
     if slice_bandwidth is None:
@@ -207,6 +206,7 @@ def estimate_parts(
         remat=train.remat_text,
         microbatches=train.microbatches,
         logits_chunks=train.logits_chunks,
+        moe=train.moe if model.num_experts else None,
         memory=at_peak,
         memory_bytes=peak,
         terms=terms,
@@ -254,13 +254,13 @@ def op_flops(model: ModelSpec) -> dict[str, float]:
 
 
 def step_flops(
-    model: ModelSpec, train: TrainSpec, r: Roles, *, grouped_kernel: bool = True
+    model: ModelSpec, train: TrainSpec, r: Roles, *, grouped: str = "libtpu"
 ) -> tuple[float, float, float]:
     """(FLOPs executed, model FLOPs, recompute FLOPs) per device per step. A layer's forward is
     the sum of its ops (`op_flops`), the head's 2 per vocabulary weight per token; the backward
     pass is twice the forward. A MoE layer's MLP is `moe_op_flops`' (the rows its experts
     execute, not the model's), its experts' weight gradients over the rows `expert_rows` gives
-    them (`grouped_kernel`: the platform runs ragged_dot as a grouped kernel). The backward
+    them (`grouped`: how the platform runs them, `PlatformTraits.grouped_matmul`). The backward
     pass runs again the op of every tensor the remat placement recomputes and the backward pass
     reads (saved.runs_again: under "full" the whole layer but a dense layer's down projection
     and a parallel block's output projection; under every policy but "none" the attention
@@ -274,10 +274,10 @@ def step_flops(
     again = sum(ops[t] for t in runs_again(train, parallel=model.parallel_block))
     if model.num_experts:  # its dense layers as above, its MoE layers with their own MLP
         dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
-        mixed = ops | moe_op_flops(model, train, r, grouped_kernel=grouped_kernel)
+        mixed = ops | moe_op_flops(model, train, r, grouped=grouped)
         useful = ops | moe_op_flops(model, train, r, executed=False)
         forward = sh.tokens * (dense * layer + moe * sum(mixed.values()) + head) / m
-        rows, gradient_rows = expert_rows(model, train, r, grouped_kernel=grouped_kernel)
+        rows, gradient_rows = expert_rows(model, train, r, grouped=grouped)
         experts = 2.0 * model.mlp_params(model.moe_d_ff)  # per row, forward
         wider = sh.tokens * moe * experts * (gradient_rows - rows) / m  # the weight gradient's
         model_fwd = sh.tokens * (dense * layer + moe * sum(useful.values()) + head) / m

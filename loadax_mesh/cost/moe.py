@@ -145,22 +145,23 @@ def moe_layer_weights(model: ModelSpec, roles: Roles) -> tuple[int, int]:
 
 
 def expert_rows(
-    model: ModelSpec, train: TrainSpec, roles: Roles, *, grouped_kernel: bool
+    model: ModelSpec, train: TrainSpec, roles: Roles, *, grouped: str
 ) -> tuple[float, float]:
     """Rows per routed token that the experts' matmuls execute: (the forward's and the input
     gradient's, the weight gradient's). Capacity slots are batched matmuls, padding included.
-    Dropless, `jax.lax.ragged_dot` runs as the compiler lowers it (jax 0.10): a grouped kernel
-    over its groups' rows where the platform has one for rows grouped by expert (libtpu's
-    Mosaic kernel: the copies, the padding of the worst-case buffer in no group), else a dense
-    dot over every local expert and every row of the buffer, rows outside the expert's group
-    masked to zero; the weight gradient (grouped by contracted rows) has no kernel anywhere and
-    runs that dense dot (libtpu: a masked convolution [E / P, rows] per expert weight,
-    benchmarks/RESULTS.md 2026-11-26, MoE referees at model scale)."""
+    Dropless, the grouped matmuls run as the platform runs them (`grouped`, the platform trait
+    `grouped_matmul`): "tokamax", a grouped kernel in all three passes over the copies (the
+    padding of the worst-case buffer in no group); "libtpu", that for the forward and the input
+    gradient, but the weight gradient (grouped by contracted rows) a dense masked matmul over
+    every local expert and every row of the buffer (a convolution [E / P, rows] per expert
+    weight, benchmarks/RESULTS.md 2026-11-26, MoE referees at model scale); "dense", every
+    pass so."""
     ms = MoeShapes.of(model, train, roles)
     if train.moe == "capacity":
         return ms.rows / ms.tokens, ms.rows / ms.tokens
     dense = ms.groups * ms.rows / ms.tokens
-    return (ms.copies / ms.tokens if grouped_kernel else dense), dense
+    routed = ms.copies / ms.tokens
+    return {"tokamax": (routed, routed), "libtpu": (routed, dense)}.get(grouped, (dense, dense))
 
 
 def moe_op_flops(
@@ -169,7 +170,7 @@ def moe_op_flops(
     roles: Roles,
     *,
     executed: bool = True,
-    grouped_kernel: bool = True,
+    grouped: str = "libtpu",
 ) -> dict[str, float]:
     """FLOPs per token of a MoE layer's MLP ops (2 per weight and row): the router with the
     experts' input projections (gate and up), and their down projection, over the rows the
@@ -179,7 +180,7 @@ def moe_op_flops(
     d, f = model.d_model, model.moe_d_ff
     per_token = ms.copies / ms.tokens
     if executed:
-        per_token = expert_rows(model, train, roles, grouped_kernel=grouped_kernel)[0]
+        per_token = expert_rows(model, train, roles, grouped=grouped)[0]
     shared = model.num_shared_experts * f
     return {
         "mlp_in": 2.0 * d * model.num_experts + 2.0 * 2 * d * (per_token * f + shared),

@@ -35,13 +35,15 @@ def dispatch_einsums(
     hbm: float,
     mxu: tuple[int, int],
     recomputed: bool,
+    einsums: bool = True,
 ) -> tuple[float, float]:
     """Seconds one MoE layer spends in the dropping path's dispatch and combine einsums for one
     micro-batch on one device: (forward, all passes: forward, backward and, `recomputed`, the
-    recompute); zeros for dropless.
+    recompute); zeros for dropless, and where the priced program dispatches by index
+    (`einsums` False: its slot buffers are memory-bound bytes, counted with the layer's).
     `rate` is the FLOP/s a matmul reaches, `hbm` the HBM bandwidth, `mxu` the matrix unit's
     tile (rows, columns)."""
-    if train.moe != "capacity":
+    if train.moe != "capacity" or not einsums:
         return 0.0, 0.0
     rows = max(1, train.global_batch // roles.size("batch") // train.microbatches)
     s = model.seq_len // roles.size("seq")

@@ -25,7 +25,10 @@ from .memory import host_bytes, memory_floor, memory_terms, phases
 # host memory (docs/facts/production_runs.md); as its DeepSeek-V3 run sets it, the layer input
 # and the output projection (docs/facts/moe_runs.md, M11: latent attention's q, k and v are too
 # wide to offload).
-RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks")
+RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks", "moe")
+# A MoE model's two paths (TrainSpec.moe): every token copy computed, or at most
+# capacity_factor x the even share per expert (the rest dropped)
+MOE_PATHS = ("dropless", "capacity")
 MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
 MAXTEXT_MOE_OFFLOAD = {t: "offload" for t in ("layer_input", "out_proj")}
 REMATS: tuple[str | dict[str, str], ...] = (
@@ -45,18 +48,19 @@ class Recipe:
 
 def recipe_space(
     train: TrainSpec, rows: int, wanted: list[dict[str, Any]]
-) -> Iterator[tuple[Remat, int, list[int]]]:
-    """The recipes to try for a mesh whose replicas each hold `rows` sequences: per remat and
-    chunk count (the search's order), the micro-batch counts in increasing order (the caller
-    keeps the fewest that fit). Each remat as a hashable value: a policy name, or its
-    (tensor, placement) pairs."""
+) -> Iterator[tuple[str, Remat, int, list[int]]]:
+    """The recipes to try for a mesh whose replicas each hold `rows` sequences: per MoE path,
+    remat and chunk count (the search's order), the micro-batch counts in increasing order
+    (the caller keeps the fewest that fit). Each remat as a hashable value: a policy name, or
+    its (tensor, placement) pairs."""
     for fixed in wanted:
         remats = [fixed["remat"]] if "remat" in fixed else list(REMATS)
         chunks = [fixed["logits_chunks"]] if "logits_chunks" in fixed else list(LOGITS_CHUNKS)
         micro = [fixed["microbatches"]] if "microbatches" in fixed else divisors(rows)
         for remat in remats:
             for c in chunks:
-                yield _hashable(remat), c, [m for m in micro if train.global_batch % m == 0]
+                micros = [m for m in micro if train.global_batch % m == 0]
+                yield fixed.get("moe", train.moe), _hashable(remat), c, micros
 
 
 def _hashable(remat: Any) -> Remat:
@@ -104,10 +108,11 @@ def fitting_recipes(
         return [], None
     host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
     offloads = not missing_host_facts(facts)
-    priced: dict[tuple[Remat, int], dict[str, int] | None] = {}  # (remat, M) -> terms at C = 1
+    # (path, remat, M) -> terms at C = 1
+    priced: dict[tuple[str, Remat, int], dict[str, int] | None] = {}
 
     def fits(t: TrainSpec, chunks: int) -> dict[str, int] | None:
-        key = (t.remat, t.microbatches)
+        key = (t.moe, t.remat, t.microbatches)
         if key not in priced:
             over = host_bytes(model, t, r, facts) > host_limit
             priced[key] = (
@@ -123,20 +128,22 @@ def fitting_recipes(
             return None
         return terms
 
-    seen: set[tuple[Remat, int, int]] = set()  # (remat, C, M) found, however the remat is spelt
-    made: dict[tuple[Remat, int], TrainSpec] = {}  # (remat, M) -> its TrainSpec at C = 1
+    # (path, remat, C, M) found, however the remat is spelt
+    seen: set[tuple[str, Remat, int, int]] = set()
+    made: dict[tuple[str, Remat, int], TrainSpec] = {}  # (path, remat, M) -> TrainSpec at C = 1
     chunks_ok: dict[int, bool] = {}  # whether C chunks divide a device's tokens
 
-    def spec(remat: Remat, m: int) -> TrainSpec:
-        key = (remat, m)
+    def spec(path: str, remat: Remat, m: int) -> TrainSpec:
+        key = (path, remat, m)
         if key not in made:
-            made[key] = replace(train, remat=remat, microbatches=m, logits_chunks=1)
+            made[key] = replace(train, moe=path, remat=remat, microbatches=m, logits_chunks=1)
         return made[key]
 
-    for remat, c, micro in recipe_space(train, train.global_batch // r.size("batch"), wanted):
+    rows = train.global_batch // r.size("batch")
+    for path, remat, c, micro in recipe_space(train, rows, wanted):
         if not micro:
             continue
-        first = spec(remat, micro[0])
+        first = spec(path, remat, micro[0])
         if "offload" in first.placements.values() and not offloads:
             continue  # the catalogue cannot judge an offload on this hardware
         if c not in chunks_ok:
@@ -150,15 +157,15 @@ def fitting_recipes(
         lo, hi, found = 0, len(micro) - 1, None  # bisect for the fewest micro-batches
         while lo <= hi:
             mid = (lo + hi) // 2
-            t = spec(remat, micro[mid])
+            t = spec(path, remat, micro[mid])
             terms = fits(t, c)
             if terms is None:
                 lo = mid + 1
             else:
                 found, hi = Recipe(t, terms), mid - 1
-        if found is None or (first.remat, c, found.train.microbatches) in seen:
+        if found is None or (path, first.remat, c, found.train.microbatches) in seen:
             continue
-        seen.add((first.remat, c, found.train.microbatches))
+        seen.add((path, first.remat, c, found.train.microbatches))
         out.append(Recipe(replace(found.train, logits_chunks=c), found.terms))
     return out, min(least, default=None)
 

@@ -183,13 +183,20 @@ def step_time(
     if moe:  # its dense layers as above, its MoE layers with their own MLP
         ms = MoeShapes.of(model, train, roles)
 
+        # The dropless path's grouped kernel, where its rate was measured (GPU), and the rows
+        # of the tile each group adds at its boundary (`PlatformTraits.grouped_tile_rows`).
+        dropless = train.moe == "dropless"
+        kernel = facts.grouped_matmul_share if dropless else None
+        grouped_rate = facts.peak_flops * kernel * fed if kernel else rate
+        boundary = facts.traits.grouped_tile_rows if dropless else 0
+
         def grouped(k: int, n: int) -> float:
             """A grouped matmul: each of the device's experts [its group's rows, k] x [k, n],
             priced as `matmul` prices a matmul of that height (a thin group reads its weights
-            at HBM speed)."""
-            g = ms.group_rows
+            at HBM speed), at the grouped kernel's rate."""
+            g = ms.group_rows + boundary
             flops = 2.0 * g * _whole(k, rows_unit) * _whole(n, cols_unit)
-            return ms.groups * max(flops / rate, (g * k + k * n + g * n) * act / hbm)
+            return ms.groups * max(flops / grouped_rate, (g * k + k * n + g * n) * act / hbm)
 
         shared = model.num_shared_experts * model.moe_d_ff // tensor
         mixed = projections | {
@@ -201,7 +208,7 @@ def step_time(
         mlp_again = placed["mlp_in"] == "recompute"
         routing_fwd, routing = dispatch_einsums(  # the dropping path's one-hot einsums
             model, train, roles, rate=rate, hbm=hbm, mxu=(rows_unit, cols_unit),
-            recomputed=mlp_again,
+            recomputed=mlp_again, einsums=facts.traits.capacity_dispatch == "einsum",
         )  # fmt: skip
         # the dropless path's gathers and scatters by row index: memory-bound, per layer
         permute = permute_seconds(

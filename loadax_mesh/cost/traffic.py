@@ -65,7 +65,8 @@ from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles, regathered, regathered_weights
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
-from .memory import Shapes, layer_weights, shard_bytes
+from .layer_memory import layer_weights
+from .memory import Shapes, shard_bytes
 from .moe import dense_layer_weights, exchange_bytes, moe_layer_weights
 
 

@@ -32,6 +32,24 @@ class PlatformTraits:
     fused_attention: str  # jax's fused attention kernel here: "splash", "cudnn" or "xla"
     # jax's Pallas kernels for TPU (Mosaic: splash attention, megablox grouped matmuls) run here.
     mosaic_kernels: bool
+    # How the dropless experts' grouped matmuls run (workload/kernels.py): "libtpu" (jax's
+    # ragged_dot, which libtpu groups for the forward pass and the input gradient; its weight
+    # gradient is a dense masked matmul over every expert), "tokamax" (its grouped kernels for
+    # all three passes; XLA's GPU compiler would make ragged_dot dense) or "dense" (every
+    # expert over every row, as XLA's CPU compiler lowers ragged_dot).
+    grouped_matmul: str
+    # Rows of one tile of that grouped kernel: the tile that straddles two groups' boundary is
+    # computed for each, so every group adds up to one (tokamax 0.0.12's sm90 heuristic
+    # block_m; 0 where the time model's calibration already holds the kernel's).
+    grouped_tile_rows: int
+    # The kernels pick their variant from the process's own device (tokamax: the default
+    # device's compute capability; jax's cuDNN attention: whether the backend is CUDA), so
+    # compiling for compile-only devices must present the target as that device.
+    kernels_read_own_device: bool
+    # How the capacity path's tokens reach their slots in the program the estimate prices: by
+    # one-hot "einsum"s (MaxText's dropping runs, the TPU calibration set) or by "index" (the
+    # reference step's scatter and gather, memory-bound: what a GPU step is refereed by).
+    capacity_dispatch: str
     catalogue_facts: tuple[str, ...]  # the facts the catalogue gives per unit
     # TPU slices are granules joined over DCN: a hardware string may end in a slice count, and
     # jax's and AXLearn's hybrid meshes take slices (elsewhere processes) as granules.
@@ -76,6 +94,11 @@ class PlatformTraits:
     # temp block with no float32 gradient in it; with two layers the scan's float32 gradient
     # stacks are all live). Not measured on libtpu.
     fuses_unlooped_gradients: bool
+    # XLA's GPU compiler lays the routed experts' stacked parameters out a second time for the
+    # whole step, so that each layer's slice gathers over fsdp as one block (fsdp shards their
+    # d_model, not their slice's major dim): f32[layers, E, d / fsdp, f] copied as
+    # [d / fsdp, layers, E, f] (Mixtral 8x7B over fsdp 8, compiled for H200s: XLA's heap).
+    relayouts_experts: bool
     # libtpu overlaps most tensor-parallel collectives with matmuls: the backward pass's
     # gathers as async collective fusions, one reduce-scatter a pass as a windowed (collective)
     # matmul; only the forward's and the recompute's gathers and the other reductions wait
@@ -102,6 +125,10 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         compiler="libtpu",
         fused_attention="splash",
         mosaic_kernels=True,
+        grouped_matmul="libtpu",
+        grouped_tile_rows=0,
+        kernels_read_own_device=False,
+        capacity_dispatch="einsum",
         catalogue_facts=("hbm", "peak_bf16", "ici_bandwidth", "dcn_bandwidth"),
         multislice=True,
         nvlink_domains=False,
@@ -115,6 +142,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         sublayer_weights=True,
         sublayer_over_tensor_axis=True,
         fuses_unlooped_gradients=False,
+        relayouts_experts=False,
         overlaps_tensor_collectives=True,
         regathers_attention_weights=True,
     ),
@@ -125,6 +153,10 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         compiler="XLA's CUDA client",
         fused_attention="cudnn",
         mosaic_kernels=False,
+        grouped_matmul="tokamax",
+        grouped_tile_rows=64,
+        kernels_read_own_device=True,
+        capacity_dispatch="index",
         catalogue_facts=("hbm", "peak_bf16", "nvlink_bandwidth", "network_per_gpu"),
         multislice=False,
         nvlink_domains=True,
@@ -138,6 +170,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         sublayer_weights=False,
         sublayer_over_tensor_axis=False,
         fuses_unlooped_gradients=True,
+        relayouts_experts=True,
         overlaps_tensor_collectives=False,
         regathers_attention_weights=False,
     ),
@@ -148,6 +181,10 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         compiler="XLA's CPU client",
         fused_attention="xla",
         mosaic_kernels=False,
+        grouped_matmul="dense",
+        grouped_tile_rows=0,
+        kernels_read_own_device=False,
+        capacity_dispatch="index",
         catalogue_facts=(),
         multislice=False,
         nvlink_domains=False,
@@ -161,6 +198,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         sublayer_weights=False,
         sublayer_over_tensor_axis=False,
         fuses_unlooped_gradients=False,
+        relayouts_experts=False,
         overlaps_tensor_collectives=False,
         regathers_attention_weights=False,
     ),
@@ -202,6 +240,7 @@ class DeviceFacts:
     matmul_share: float | None = None
     attention_share: float | None = None
     memory_share: float | None = None  # of HBM bandwidth, by the time model's byte count
+    grouped_matmul_share: float | None = None  # of the peak, the dropless experts' kernel
 
     @property
     def platform(self) -> Platform:
@@ -329,6 +368,7 @@ def _device_facts(
         matmul_share=_share(spec, "matmul_share"),
         attention_share=_share(spec, "attention_share"),
         memory_share=_share(spec, "memory_share"),
+        grouped_matmul_share=_share(spec, "grouped_matmul_share"),
     ), None
 
 

@@ -16,11 +16,11 @@ def auto_note(ranking: Ranking, searched: list[str]) -> str:
     """The note under a plan that `--strategy auto` chose: how many meshes, which recipe flags
     were searched (not given), and the winner's recipe as the command line writes it."""
     what = f" and recipes ({', '.join(searched)} searched)" if searched else ""
-    train = ranking[0].train
+    train, moe = ranking[0].train, ranking[0].estimate.moe
     return (
         f"strategy auto: the fastest of {ranking.considered} meshes{what}; recipe remat "
         f"{train.remat_text}, microbatches {train.microbatches}, logits chunks "
-        f"{train.logits_chunks}"
+        f"{train.logits_chunks}" + (f", moe {moe}" if moe else "")
     )
 
 
@@ -35,7 +35,9 @@ def ranking_text(ranking: Ranking) -> str:
                 f"{k}.",
                 shape_text(e.mesh, drop_ones=True) or "1 device",
                 f"{shape_text(c.ici, compact=True)} x {shape_text(c.dcn, compact=True)}",
-                f"{e.remat} x{e.microbatches}" + (f" /{e.logits_chunks}" * (e.logits_chunks > 1)),
+                f"{e.remat} x{e.microbatches}"
+                + (f" /{e.logits_chunks}" * (e.logits_chunks > 1))
+                + (f" {e.moe}" if e.moe else ""),
                 f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB",
                 f"{e.host_bytes / 1e9:.1f} GB" if e.host_bytes else "-",
                 f"{e.step_seconds:.3f} s",
@@ -45,10 +47,11 @@ def ranking_text(ranking: Ranking) -> str:
         )
     pruned = ", ".join(f"{n} {why}" for why, n in ranking.pruned.items()) or "none"
     unsearched = "".join(f"; not searched: {what}" for what in ranking.unsearched)
+    moe = " MoE-path" if any(c.estimate.moe for c in ranking) else ""
     return (
         f"ranking    {ranking.considered} shapes x ICI/DCN splits considered; pruned: {pruned}; "
         f"{ranking.planned} planned on the real rings{unsearched}; recipe: remat x "
-        f"micro-batches [/ logits chunks]\n{text_table(rows)}"
+        f"micro-batches [/ logits chunks]{moe}\n{text_table(rows)}"
     )
 
 
@@ -74,7 +77,7 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
     lines = [
         f"estimate   {e.model}, global batch {e.global_batch} on {e.hardware}",
         f"recipe     remat {e.remat}, microbatches {e.microbatches}, logits chunks "
-        f"{e.logits_chunks}",
+        f"{e.logits_chunks}" + (f", moe {e.moe}" if e.moe else ""),
         f"mesh       {mesh}",
         *(f"note       {n}" for n in notes),
         "",

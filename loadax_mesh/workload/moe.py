@@ -10,8 +10,9 @@ sends token i (its index in the global batch, row-major) to experts (i * k + j) 
 router's scores still weighting them, so the router trains as published benchmark runs force
 balanced load. Token copies are sorted by expert; then:
 
-- `moe="dropless"`: every copy is computed. The experts are grouped matmuls
-  (`jax.lax.ragged_dot` with each expert's count, as MaxText's sparse path runs them). With an
+- `moe="dropless"`: every copy is computed. The experts are grouped matmuls with each
+  expert's count, as MaxText's sparse path runs them (`kernels.grouped_matmul`: jax's
+  `ragged_dot` on TPU, tokamax's kernel on GPU). With an
   expert axis of size P, each device holds E / P experts and the copies travel by
   `jax.lax.all_to_all` over it, in a buffer per peer of tokens x min(k, E / P) rows, the most
   one device can send one peer (a token's k experts are distinct). That buffer is P x min(k,
@@ -42,6 +43,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from .kernels import GroupedMatmul, grouped_matmul
 from .layout import Roles
 from .spec import ModelSpec, TrainSpec
 
@@ -109,12 +111,18 @@ def moe_mlp(
         ep=ep,
         axes=(exp, mlp, roles.batch, roles.seq),
         gathers=gathers,
+        matmul=grouped_matmul(mesh.devices.flat[0].platform),
     )
     routed = jax.shard_map(
         local,
         mesh=mesh,
         in_specs=(tokens, P(*router), P(*w_in), P(*w_in), P(*w_out)),
         out_specs=out,
+        # Pallas kernels (tokamax's on GPU) give their results no varying-axes type, which a
+        # checked custom VJP refuses; unchecked, every input's cotangent is summed over the
+        # axes its spec leaves out, what the block's partial sums need (the 8-device tests),
+        # and `_within` keeps the specs what a checked trace would accept.
+        check_vma=False,
     )(h, *(p[w].astype(cdt) for w in ("router", "we_gate", "we_up", "we_down")))
     if not model.num_shared_experts:
         return routed
@@ -152,10 +160,12 @@ def _local(
     ep: int,
     axes: tuple[str | None, str | None, tuple[str, ...], str | None],
     gathers: tuple[Any, Any],
+    matmul: GroupedMatmul,
 ) -> jax.Array:
     """One device's share of the block: its tokens [b, s, d] routed, dispatched, computed by
     the experts and combined; partial over the tensor axis until reduce-scattered. `gathers`:
-    the mesh axes over which the router's d_model and the experts' d_model are gathered."""
+    the mesh axes over which the router's d_model and the experts' d_model are gathered;
+    `matmul` the platform's grouped matmul (dropless)."""
     exp, mlp, batch_axes, seq = axes
     by_router, by_d = gathers
     router = _gather(router, by_router, 0)
@@ -170,12 +180,13 @@ def _local(
     order = jnp.argsort(copies, stable=True)
     sorted_experts = copies[order]
     xs = flat_x[order // k]
+    w = (w_gate, w_up, w_down)
     if train.moe == "dropless":
         per_peer = b * s * min(k, n // ep)
-        out = _dropless(xs, sorted_experts, (w_gate, w_up, w_down), n, ep, exp, per_peer)
+        out = _dropless(xs, sorted_experts, w, n, ep, exp, per_peer, matmul)
     else:
         cap = math.ceil(b * s * k / n * train.capacity_factor)
-        out = _capacity(xs, sorted_experts, (w_gate, w_up, w_down), n, ep, exp, cap)
+        out = _capacity(xs, sorted_experts, w, n, ep, exp, cap)
     out = out[_inverse(order)].reshape(b * s, k, d)
     weights = weights * model.routed_scaling
     y = jnp.einsum("tkd,tk->td", out, weights.astype(x.dtype)).reshape(b, s, d)
@@ -244,12 +255,14 @@ def _counts(ids: jax.Array, n: int) -> jax.Array:
     return jnp.diff(edges).astype(jnp.int32)
 
 
-def _grouped(xs: jax.Array, sizes: jax.Array, w: tuple[jax.Array, ...]) -> jax.Array:
+def _grouped(
+    xs: jax.Array, sizes: jax.Array, w: tuple[jax.Array, ...], matmul: GroupedMatmul
+) -> jax.Array:
     """SwiGLU experts over rows grouped by expert (`sizes` rows each, in expert order)."""
     w_gate, w_up, w_down = w
-    gate = jax.lax.ragged_dot(xs, w_gate, sizes)
-    up = jax.lax.ragged_dot(xs, w_up, sizes)
-    return jax.lax.ragged_dot(jax.nn.silu(gate) * up, w_down, sizes)
+    gate = matmul(xs, w_gate, sizes)
+    up = matmul(xs, w_up, sizes)
+    return matmul(jax.nn.silu(gate) * up, w_down, sizes)
 
 
 def _dropless(
@@ -260,12 +273,13 @@ def _dropless(
     ep: int,
     exp: str | None,
     per_peer: int,
+    matmul: GroupedMatmul,
 ) -> jax.Array:
     """Every sorted copy through its expert as grouped matmuls; across the expert axis, the
     copies for each peer in a block of `per_peer` rows (the worst case), exchanged by
     all-to-all, regrouped by local expert (padding last, in no group) and sent back."""
     if exp is None:
-        return _grouped(xs, _counts(experts, n), w)
+        return _grouped(xs, _counts(experts, n), w, matmul)
     local = n // ep
     dest = experts // local
     counts = _counts(dest, ep)
@@ -274,7 +288,7 @@ def _dropless(
     ids = jnp.full((ep * per_peer,), local, jnp.int32).at[slot].set(experts % local)
     recv, recv_ids = _exchange(send, exp, ep), _exchange(ids, exp, ep)
     order = jnp.argsort(recv_ids, stable=True)
-    out = _grouped(recv[order], _counts(recv_ids[order], local), w)[_inverse(order)]
+    out = _grouped(recv[order], _counts(recv_ids[order], local), w, matmul)[_inverse(order)]
     return _exchange(out, exp, ep)[slot]
 
 

@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..hardware.profile import platform_traits
 from .attention import attention
+from .kernels import traced_for
 from .layout import Roles, check_fit, param_shapes, regathered, roles
 from .loss import cross_entropy_loss
 from .moe import moe_mlp, scan_layers
@@ -95,8 +96,13 @@ class Step:
         params, opt, batch = self.abstract_args()
         shardings = jax.tree.map(lambda s: s.sharding, (params, opt, batch))
         replicated = NamedSharding(self.mesh, P())
+
+        def step(params: Params, opt: Params, batch: Params) -> tuple[Params, Params, Any]:
+            with traced_for(self.mesh):  # the platform's kernels built for the mesh's devices
+                return self._step(params, opt, batch)
+
         return jax.jit(
-            self._step,
+            step,
             in_shardings=shardings,
             out_shardings=(shardings[0], shardings[1], replicated),
             donate_argnums=(0, 1),

@@ -66,12 +66,20 @@ QWEN3_MOE = replace(
     [("gpu-p5e.48xlarge-16", QWEN3_MOE, 64), ("tpu-v5p-8", MOE, 16)],
     ids=["gpu-qwen3", "tpu-tiny-moe"],
 )
-def test_the_chosen_mesh_for_a_moe_model_compiles(hardware, model, global_batch):
-    """Issue 42: the winner had an expert and a tensor axis of size 1 (both: data 2 x fsdp 8 on
-    the p5e's 16 GPUs, data 2 x fsdp 2 on the v5p's 4 chips), whose MoE block failed to trace
-    (shard_map's out_specs named neither, the weights' in_specs both)."""
+def test_the_chosen_mesh_for_a_moe_model_compiles_and_fits_as_estimated(
+    hardware, model, global_batch
+):
+    """Issue 42: the winner (either MoE path) compiles and fits as its estimate says. Once it
+    had an expert and a tensor axis of size 1, whose MoE block failed to trace (shard_map's
+    out_specs named neither, the weights' in_specs both: test_moe.py traces such meshes)."""
     best = choose_mesh(hardware, model, TrainSpec(global_batch=global_batch))[0]
-    assert best.plan.shape["expert"] == best.plan.shape["model"] == 1
+    assert best.estimate.fits
     plan = best.config.plan(topology_devices(hardware))
     report = compile_step(plan, model, best.train)
     assert report.collectives  # compiled, its FSDP gathers and reductions read from the HLO
+    assert report.fits
+    # the referee's figure: libtpu's own assignment on TPU, the compiled program's on GPU; the
+    # estimate may over-count a one-layer step's head (the logits and their gradient, not both
+    # live on GPU), never under-count it
+    compiled = report.assigned_bytes or report.total_bytes
+    assert best.estimate.memory_bytes >= 0.8 * compiled

@@ -1,0 +1,101 @@
+"""The kernels the reference step runs per platform, and the target they are traced for.
+
+Grouped matmuls (the dropless MoE experts): on TPU and CPU `jax.lax.ragged_dot`, which libtpu
+compiles to a grouped matmul over the routed rows. XLA's GPU compiler instead rewrites it into a
+dense dot over every expert (its work and temp memory grow with the expert count:
+docs/facts/gpu_grouped_gemm.md), so on GPU the step runs tokamax's `ragged_dot` (DeepMind's
+Pallas kernel library: Mosaic GPU kernels for sm90 and sm100, with their own backward pass), whose
+work and memory scale with the routed rows. Without tokamax a GPU step refuses: it never falls
+back to the dense rewrite silently.
+
+Both tokamax and jax's cuDNN attention read the GPU they build for from the process's devices
+(tokamax: the default device's compute capability; jax: whether the backend is CUDA, before
+it accepts a head wider than 128 on Hopper). Compiling for compile-only GPU devices on a machine
+without one, the process's devices are CPUs, so `traced_for` makes the target GPU the default
+device and answers jax's check with the target's capability while the step is traced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from ..errors import MeshConfigError
+from ..hardware.profile import platform_traits
+
+GroupedMatmul = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+INSTALL = "pip install 'loadax-mesh[gpu]' (tokamax, the grouped-matmul kernels for GPU)"
+
+
+def grouped_matmul(platform: str) -> GroupedMatmul:
+    """`f(rows [m, k], weights [g, k, n], sizes [g]) -> [m, n]`: rows grouped in order, group
+    i's `sizes[i]` rows times weights[i], as `platform` runs it best."""
+    if platform_traits(platform).grouped_matmul != "tokamax":
+        return jax.lax.ragged_dot
+    try:
+        import tokamax
+    except ImportError:
+        raise MeshConfigError(
+            f"platform={platform!r}: the dropless MoE step needs tokamax's grouped matmul on "
+            f"GPU (XLA's own ragged_dot computes every expert for every token there); accepted: "
+            f"install it with {INSTALL}, or TrainSpec(moe='capacity')"
+        ) from None
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        # tokamax reads its options as absl flags, parsing sys.argv on first use: a program's
+        # own arguments (pytest's, the command line's) are no absl flags, so its defaults
+        flags.FLAGS.mark_as_parsed()
+
+    def run(rows: jax.Array, weights: jax.Array, sizes: jax.Array) -> jax.Array:
+        return tokamax.ragged_dot(rows, weights, sizes, implementation="mosaic")
+
+    return run
+
+
+@contextlib.contextmanager
+def traced_for(mesh: Mesh) -> Iterator[None]:
+    """While the step is traced: for devices whose kernels read the process's own device (GPU)
+    that are not this process's own (compile-only), the target as the default device and as
+    the GPU jax's cuDNN attention checks; for any other devices, nothing changes."""
+    device = mesh.devices.flat[0]
+    if not platform_traits(device.platform).kernels_read_own_device:
+        yield
+        return
+    if device.platform == jax.default_backend():  # this process's own GPUs
+        with _tokamax_quiet():
+            yield
+        return
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    target = tuple(int(x) for x in str(device.compute_capability).split("."))
+
+    def check(capability: str) -> bool:
+        return target >= tuple(int(x) for x in capability.split("."))
+
+    saved: Any = cudnn.check_compute_capability
+    cudnn.check_compute_capability = check
+    try:
+        with jax.default_device(device), _tokamax_quiet():
+            yield
+    finally:
+        cudnn.check_compute_capability = saved
+
+
+@contextlib.contextmanager
+def _tokamax_quiet() -> Iterator[None]:
+    """tokamax warns of an autotuning cache miss for every shape it has not tuned and then uses
+    its heuristics (what a first run on a GPU does too): not a user's concern here."""
+    import logging
+
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
