@@ -1,16 +1,19 @@
 """A real training step on this machine's GPU, beside the cost model and the compiler.
 
-For each recipe the reference step (LLaMA-3 8B cut to `--layers` layers, full width, seq 8192)
-is compiled for the local GPU and run: measured step time (the median of `--steps` after two
-warm-ups), the allocator's peak (`memory_stats()['peak_bytes_in_use']`), the compiled
-program's memory (`memory_analysis()`, device and host) and the loss of the first and last
-step. Beside them the estimate for one device of the catalogue's entry for this GPU kind (the
-same facts it uses for a whole host of them; one device has no collectives). Each recipe runs in
-its own process, so each peak is its own. The time model's calibration was fitted on A3 (H100)
-runs alone: on any other GPU this is a run it never saw.
+For each recipe the reference step (LLaMA-3 8B cut to `--layers` layers, full width, seq 8192;
+`--model`, `--seq` and `--experts` choose another; `--moe` a MoE model's path: dropless, whose
+grouped matmuls run tokamax's kernel on GPU, or capacity) is compiled for the local GPU and
+run: measured step time (the median of `--steps` after two warm-ups), the allocator's peak
+(`memory_stats()['peak_bytes_in_use']`), the compiled program's memory (`memory_analysis()`,
+device and host) and the loss of the first and last step. Beside them the estimate for one
+device of the catalogue's entry for this GPU kind (the same facts it uses for a whole host of
+them; one device has no collectives). Each recipe runs in its own process, so each peak is its
+own. The time model's calibration was fitted on A3 (H100) runs alone: on any other GPU this
+is a run it never saw.
 
     python benchmarks/bench_gpu_step.py [--model llama3-8b] [--layers 8] [--batch 4]
-        [--steps 10] [--only R] [--hardware gpu-p5e.48xlarge-8] [--json FILE]
+        [--seq S] [--moe dropless|capacity] [--steps 10] [--only R] [--no-host-link]
+        [--hardware gpu-p5e.48xlarge-8] [--json FILE]
 
 Needs a GPU (jax with CUDA); prints "no GPU" and exits 2 without one.
 """
@@ -56,7 +59,16 @@ def catalogue_hardware(kind: str) -> str | None:
 
 
 def one(
-    name: str, model_name: str, layers: int, batch: int, steps: int, hardware: str | None
+    name: str,
+    model_name: str,
+    layers: int,
+    batch: int,
+    steps: int,
+    hardware: str | None,
+    *,
+    seq: int | None = None,
+    moe: str = "dropless",
+    experts: int | None = None,
 ) -> dict[str, Any]:
     """Compile, run and estimate one recipe in this process."""
     import jax
@@ -74,8 +86,17 @@ def one(
     remat, micro, chunks = RECIPES[name]
     model = ModelSpec.from_name(model_name)
     model = replace(model, name=f"{model_name}-{layers}l", num_layers=layers)
+    if model.first_dense_layers >= layers:  # DeepSeek cut short keeps one MoE layer
+        model = replace(model, first_dense_layers=layers - 1)
+    model = replace(model, seq_len=seq or model.seq_len)
+    if experts:  # fewer experts of the same shape: a layer of a big MoE on one GPU
+        model = replace(model, name=f"{model.name}-{experts}e", num_experts=experts)
     train = TrainSpec(
-        global_batch=batch, remat=parse_remat(remat), microbatches=micro, logits_chunks=chunks
+        global_batch=batch,
+        remat=parse_remat(remat),
+        microbatches=micro,
+        logits_chunks=chunks,
+        moe=moe,
     )
     plan = MeshConfig.from_preset("fsdp").plan(jax.devices()[:1])
     step = make_step(plan.to_jax_mesh(), model, train, batch_axes=plan.batch_axis_names)
@@ -103,6 +124,10 @@ def one(
         est = estimate(named, model, train)
     return {
         "recipe": name,
+        "model": model.name,
+        "seq": model.seq_len,
+        "batch": batch,
+        "moe": moe if model.num_experts else None,
         "device_kind": device.device_kind,
         "hardware": hardware,
         "measured_s": statistics.median(seconds),
@@ -159,6 +184,10 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    ap.add_argument("--moe", default="dropless", choices=("dropless", "capacity"))
+    ap.add_argument("--experts", type=int, help="cut a MoE model to this many experts")
+    ap.add_argument("--no-host-link", action="store_true", help="skip the host link's measure")
     ap.add_argument("--only", action="append", help="a recipe name (repeatable)")
     ap.add_argument("--hardware", help="catalogue string whose device facts the estimate uses")
     ap.add_argument("--json", help="write every row here")
@@ -168,7 +197,11 @@ def main() -> None:
         print(json.dumps(host_link()))
         return
     if a.one:
-        print(json.dumps(one(a.one, a.model, a.layers, a.batch, a.steps, a.hardware)))
+        row = one(
+            a.one, a.model, a.layers, a.batch, a.steps, a.hardware,
+            seq=a.seq, moe=a.moe, experts=a.experts,
+        )  # fmt: skip
+        print(json.dumps(row))
         return
     import jax
 
@@ -177,14 +210,18 @@ def main() -> None:
         sys.exit(2)
     print(f"devices: {jax.devices()}; kind {jax.devices()[0].device_kind!r}", flush=True)
     # Every measurement in a child of its own: this process must not take the GPU's memory.
-    link = subprocess.run([sys.executable, __file__, "--one", "host-link"], capture_output=True)
-    out, back = json.loads(link.stdout.decode().strip().splitlines()[-1])
-    print(f"host link: {out / 1e9:.1f} GB/s to pinned host memory, {back / 1e9:.1f} back")
+    if not a.no_host_link:
+        argv = [sys.executable, __file__, "--one", "host-link"]
+        link = subprocess.run(argv, capture_output=True)
+        out, back = json.loads(link.stdout.decode().strip().splitlines()[-1])
+        print(f"host link: {out / 1e9:.1f} GB/s to pinned host memory, {back / 1e9:.1f} back")
     rows = []
     for name in a.only or RECIPES:
         argv = [sys.executable, __file__, "--one", name, "--model", a.model]
         argv += ["--layers", str(a.layers)]
-        argv += ["--batch", str(a.batch), "--steps", str(a.steps)]
+        argv += ["--batch", str(a.batch), "--steps", str(a.steps), "--moe", a.moe]
+        argv += ["--seq", str(a.seq)] if a.seq else []
+        argv += ["--experts", str(a.experts)] if a.experts else []
         argv += ["--hardware", a.hardware] if a.hardware else []
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
@@ -196,7 +233,8 @@ def main() -> None:
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)
         print(
-            f"{name:16s} step {row['measured_s']:.3f} s measured, estimate "
+            f"{row['model']} {row['moe'] or ''} {name}: step {row['measured_s']:.3f} s measured, "
+            f"estimate "
             f"{row['estimate_s'] or 0:.3f}{_ratio(row['estimate_s'], row['measured_s'])}; "
             f"memory GB estimate {_gb(row['estimate_bytes'])} / compiled "
             f"{_gb(row['compiled_bytes'])}{_ratio(row['estimate_bytes'], row['compiled_bytes'])}"

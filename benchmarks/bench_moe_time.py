@@ -153,7 +153,7 @@ def chosen(runs: list[MoeRun]) -> tuple[list[str], list[list[str]]]:
         theirs = estimate(plan, model, train)
         base = replace(train, remat="full", microbatches=1, logits_chunks=1)
         start = time.perf_counter()
-        best = choose_mesh(hardware, model, base, top=1)[0].estimate
+        best = choose_mesh(hardware, model, base, top=1, recipes=[{"moe": train.moe}])[0].estimate
         took = time.perf_counter() - start
         rows.append([
             name, recipe_text(theirs) + ("" if theirs.fits else " (does not fit)"),
