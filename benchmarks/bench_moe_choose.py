@@ -1,10 +1,10 @@
 """The chooser's winner for every catalogue MoE model compiles and fits as estimated, on a GPU
 host and on a TPU slice (issue 42).
 
-Each model is cut to its first MoE layer and one layer before it (DeepSeek-V3: a dense and a MoE
-layer; Llama 4 Maverick: its dense and MoE pair), at its own sequence length, with one sequence
-a device. `choose_mesh` searches meshes, recipes and both MoE paths; its winner is compiled by
-the compile-only client (XLA's CUDA client for the GPU host, libtpu for the TPU slice) and the
+Each model is cut to two MoE layers (DeepSeek-V3 with one dense layer before them, Llama 4
+Maverick with its dense layer before each), at its own sequence length, one sequence a device.
+`choose_mesh` searches meshes, recipes and both MoE paths; its winner is compiled by the
+compile-only client (XLA's CUDA client for the GPU host, libtpu for the TPU slice) and the
 compiled memory (libtpu's own assignment on TPU) set beside the estimate, with both verdicts.
 
     python benchmarks/bench_moe_choose.py [--only SUBSTRING]
@@ -33,12 +33,12 @@ BATCH = 8  # one sequence a device on either: 8 GPUs, 8 v5p chips
 
 
 def cut(name: str) -> ModelSpec:
-    """The model cut to two layers, the second of them MoE."""
-
+    """The model cut to two MoE layers (so that they run as a loop, as in the whole model: a
+    one-trip scan XLA removes, and then frees what a loop holds), with a leading dense layer
+    where it has some (DeepSeek-V3) and its dense layers between (Llama 4 Maverick)."""
     model = ModelSpec.from_name(name)
     first = min(model.first_dense_layers, 1)
-    layers = first + model.moe_every if model.moe_every > 1 else first + 1
-    layers = max(layers, 2)
+    layers = first + 2 * model.moe_every
     return replace(model, name=f"{name}-{layers}l", num_layers=layers, first_dense_layers=first)
 
 
