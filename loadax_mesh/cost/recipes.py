@@ -1,5 +1,5 @@
-"""The recipe search of `choose_mesh`: per mesh, every remat placement, micro-batch count and
-logits-chunk count that fits.
+"""The recipe search of `choose_mesh`: per mesh, every remat placement, micro-batch count,
+logits-chunk count and (a model with experts) MoE path that fits.
 
 Per mesh, for each remat placement and logits-chunk count (`recipe_space`), only the fewest
 micro-batches that fit are timed (more only add weight gathers, never speed). Memory is checked
