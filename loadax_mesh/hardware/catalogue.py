@@ -128,14 +128,14 @@ class HardwareType:
 
 
 def _fact(data: Any, *, name: str, where: str, sources: dict[str, str]) -> Fact:
-    if not isinstance(data, dict) or "source" not in data:
-        raise MeshConfigError(
-            f"{where}={data!r}; accepted: a fact table {{ value = ..., source = [keys] }}"
-        )
-    unknown = sorted(set(data) - set(FACT_KEYS))
+    unknown = sorted(set(data) - set(FACT_KEYS)) if isinstance(data, dict) else []
     if unknown:
         raise MeshConfigError(
             f"{where}: unknown key {unknown[0]!r}; accepted in a fact: {', '.join(FACT_KEYS)}"
+        )
+    if not isinstance(data, dict) or "source" not in data:
+        raise MeshConfigError(
+            f"{where}={data!r}; accepted: a fact table {{ value = ..., source = [keys] }}"
         )
     status, src = data.get("status", "confirmed"), data["source"]
     if status not in _STATUSES:
@@ -286,9 +286,19 @@ def catalogue() -> Catalogue:
     return _read(user_path())
 
 
+_generation = 0  # how often the catalogues were forgotten
+
+
 def clear_catalogue() -> None:
     """Forget the catalogues read so far (the next `catalogue()` reads its files again)."""
+    global _generation
+    _generation += 1
     _read.cache_clear()
+
+
+def catalogue_key() -> tuple[str | None, int]:
+    """What names the catalogue `catalogue()` gives now: for caches of what is read from it."""
+    return user_path(), _generation
 
 
 @lru_cache(maxsize=4)

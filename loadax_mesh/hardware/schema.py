@@ -32,13 +32,14 @@ _MEASURES: dict[str, tuple[str, ...]] = {
     "dcn_latency": ("us",),
     "nvlink_domain": ("GPUs",),
 }
-_COUNTS = ("gpus_per_host", "cores_per_chip", "devices_per_chip", "chips_per_host", "dims")
-_COUNTS += ("pod_chips", "hbm_usable_cores")
+_COUNTS: tuple[str, ...] = ("gpus_per_host", "cores_per_chip", "devices_per_chip")
+_COUNTS += ("chips_per_host", "dims", "pod_chips", "hbm_usable_cores")
 _SHARES = ("matmul_share", "attention_share", "memory_share", "grouped_matmul_share")
 _TEXTS = ("device_kind", "gpu", "count_unit", "libtpu_name", "wraparound")
 _LISTS = {"host_block": int, "memory_tile": int, "mxu": int, "device_kind_aliases": str}
 
-_SHARED = ("device_kind", "hbm", "host_memory", "host_link_bandwidth", "hbm_bandwidth")
+_SHARED: tuple[str, ...] = ("device_kind", "hbm", "host_memory", "host_link_bandwidth")
+_SHARED += ("hbm_bandwidth",)
 _SHARED += ("peak_bf16", *_SHARES)
 FACTS = {  # platform -> the facts an entry may hold
     "tpu": (
