@@ -22,6 +22,7 @@ _PUBLIC = {
     "create_device_mesh": "plan",
     "simulate_devices": "hardware.strings",
     "detect_hardware": "hardware.detect",
+    "load_catalogue": "hardware.user",
     "list_presets": "presets",
     "shard_batch": "jobs.batch",
     "host_batch_slice": "jobs.batch",
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from .hardware.detect import detect_hardware
     from .hardware.strings import simulate_devices
     from .hardware.topology import topology_devices
+    from .hardware.user import load_catalogue
     from .jobs.batch import HostBatchSlice, host_batch_slice, shard_batch
     from .jobs.replan import Replan, replan
     from .plan import MeshPlan, create_device_mesh, plan_mesh

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from ..plan import MeshPlan
 
 PROG = "loadax-mesh"
+CATALOGUE_HELP = (
+    "a user catalogue: a TOML file in the schema of configs/hardware.toml whose entries add to "
+    "or override the shipped ones for this run (default: $LOADAX_MESH_CATALOGUE, if set)"
+)
 MAX_DEVICE_LINES = 64
 
 
@@ -85,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .replan import add_parser as add_replan
 
     add_replan(sub)
+    for command in sub.choices.values():
+        if command.add_help:  # launch passes its own argv on
+            command.add_argument("--catalogue", metavar="FILE", help=CATALOGUE_HELP)
     return parser
 
 
@@ -97,7 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return launch(args_list[1:])
         args = build_parser().parse_args(args_list)
-        return int(args.run(args))
+        if args.catalogue is None:
+            return int(args.run(args))
+        from ..hardware.user import using_catalogue
+
+        with using_catalogue(args.catalogue):
+            return int(args.run(args))
     except (UsageError, MeshConfigError) as err:
         _error(str(err))
         return 2
@@ -280,6 +292,7 @@ def _use_color(mode: str) -> bool:
 
 
 def _cmd_hardware(args: argparse.Namespace) -> int:
+    from ..hardware.catalogue import catalogue
     from ..hardware.strings import list_hardware
     from ..view import report
 
@@ -287,7 +300,7 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     if args.format == "json":
         print_json([report.hardware_data(t) for t in types])
     else:
-        print(report.hardware_text(types))
+        print(report.hardware_text(types, user_file=catalogue().user_file))
     return 0
 
 

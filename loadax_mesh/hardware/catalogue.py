@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from .._configs import config_path
 from ..errors import MeshConfigError
+from .schema import ENTRY_KEYS, FACT_KEYS, check_entry, check_value
+from .user import SHIPPED, merge, origin_file, read_toml, user_path
 
 _STATUSES = ("confirmed", "secondary", "derived", "unconfirmed", "unknown")
 _WRAP_RULES = ("full_cube", "dims_of_16", "none")
@@ -88,6 +89,7 @@ class HardwareType:
     multislice: bool | None  # None: not known (allowed)
     facts: tuple[tuple[str, Fact], ...]
     cloud: str = ""
+    origin: str = "shipped"  # or the user catalogue's path (added), or "shipped + <path>"
 
     @property
     def device_kind(self) -> str:
@@ -125,67 +127,98 @@ class HardwareType:
 # -- the catalogue ----------------------------------------------------------------------------
 
 
-def _fact(data: Any, *, where: str, sources: dict[str, str]) -> Fact:
+def _fact(data: Any, *, name: str, where: str, sources: dict[str, str]) -> Fact:
+    unknown = sorted(set(data) - set(FACT_KEYS)) if isinstance(data, dict) else []
+    if unknown:
+        raise MeshConfigError(
+            f"{where}: unknown key {unknown[0]!r}; accepted in a fact: {', '.join(FACT_KEYS)}"
+        )
     if not isinstance(data, dict) or "source" not in data:
-        raise MeshConfigError(f"hardware.toml {where}={data!r} is no fact table with a source")
-    unknown = set(data) - {"value", "source", "unit", "status", "note"}
-    status = data.get("status", "confirmed")
-    src = data["source"]
-    if unknown or status not in _STATUSES or not isinstance(src, list) or not src:
-        raise MeshConfigError(f"hardware.toml {where}={data!r}: bad keys, status or source")
+        raise MeshConfigError(
+            f"{where}={data!r}; accepted: a fact table {{ value = ..., source = [keys] }}"
+        )
+    status, src = data.get("status", "confirmed"), data["source"]
+    if status not in _STATUSES:
+        raise MeshConfigError(f"{where}: status={status!r}; accepted: {', '.join(_STATUSES)}")
+    if not isinstance(src, list) or not src or not all(isinstance(s, str) for s in src):
+        raise MeshConfigError(f"{where}: source={src!r}; accepted: a list of keys of [sources]")
     missing = [s for s in src if s not in sources]
     if missing:
-        raise MeshConfigError(f"hardware.toml {where}: source keys {missing} are not in [sources]")
-    value = data.get("value")
+        raise MeshConfigError(
+            f"{where}: source keys {missing} are not in [sources]; accepted: keys of [sources] "
+            "(the shipped catalogue's or the file's own)"
+        )
+    value, unit, note = data.get("value"), data.get("unit", ""), data.get("note", "")
     if (value is None) != (status == "unknown"):
-        raise MeshConfigError(f"hardware.toml {where}: a value is required unless status='unknown'")
+        raise MeshConfigError(
+            f"{where}: value={value!r} with status={status!r}; accepted: a value unless "
+            "status = 'unknown', and none with it"
+        )
+    if not isinstance(unit, str) or not isinstance(note, str):
+        raise MeshConfigError(f"{where}: unit={unit!r}, note={note!r}; accepted: strings")
+    check_value(name, value, unit, where=where)
     value = tuple(value) if isinstance(value, list) else value
-    return Fact(value, tuple(src), data.get("unit", ""), status, data.get("note", ""))
+    return Fact(value, tuple(src), unit, status, note)
 
 
 def _facts(
-    entry: dict[str, Any],
-    *,
-    where: str,
-    sources: dict[str, str],
-    skip: tuple[str, ...] = ("title", "cloud", "topologies"),
+    entry: dict[str, Any], *, platform: str, where: str, sources: dict[str, str]
 ) -> dict[str, Fact]:
+    check_entry(entry, platform=platform, where=where)
     return {
-        k: _fact(v, where=f"{where}.{k}", sources=sources)
+        k: _fact(v, name=k, where=f"{where}.{k}", sources=sources)
         for k, v in entry.items()
-        if k not in skip
+        if k not in ENTRY_KEYS[platform]
     }
 
 
-def _dims(text: str, *, where: str) -> tuple[int, ...]:
-    if not re.fullmatch(r"[1-9]\d*(x[1-9]\d*)*", text):
-        raise MeshConfigError(f"hardware.toml {where}: {text!r} is no shape such as 4x8x8")
+def _dims(text: Any, *, where: str) -> tuple[int, ...]:
+    if not isinstance(text, str) or not re.fullmatch(r"[1-9]\d*(x[1-9]\d*)*", text):
+        raise MeshConfigError(f"{where}: shape={text!r}; accepted: a shape such as 4x8x8")
     return tuple(int(d) for d in text.split("x"))
 
 
-def _tpu_type(key: str, entry: dict[str, Any], sources: dict[str, str]) -> HardwareType:
-    where = f"tpu.{key}"
-    facts = _facts(entry, where=where, sources=sources)
+def _tpu_type(
+    key: str, entry: dict[str, Any], sources: dict[str, str], *, where: str
+) -> HardwareType:
+    facts = _facts(entry, platform="tpu", where=where, sources=sources)
     get = {k: f.value for k, f in facts.items()}
     host = tuple(get["host_block"])
     topologies = []
-    for i, item in enumerate(entry["topologies"]):
-        shape = _dims(item["shape"], where=f"{where}.topologies[{i}]")
-        fields = {k: v for k, v in item.items() if k not in ("shape", "host")}
-        fact = _fact(
-            {**fields, "value": item["shape"]}, where=f"{where}.topologies[{i}]", sources=sources
+    items = entry.get("topologies")
+    if not isinstance(items, list) or not items:
+        raise MeshConfigError(
+            f"{where}.topologies={items!r}; accepted: a list of {{ shape = ..., source = [...] }}"
         )
-        block = tuple(item.get("host", [min(h, s) for h, s in zip(host, shape, strict=True)]))
-        if len(shape) != get["dims"] or any(s % b for s, b in zip(shape, block, strict=True)):
-            raise MeshConfigError(f"hardware.toml {where}: topology {shape} vs host {block}")
+    for i, item in enumerate(items):
+        at = f"{where}.topologies[{i}]"
+        if not isinstance(item, dict):
+            raise MeshConfigError(f"{at}={item!r}; accepted: {{ shape = ..., source = [...] }}")
+        shape = _dims(item.get("shape"), where=at)
+        fields = {k: v for k, v in item.items() if k not in ("shape", "host")}
+        fact = _fact({**fields, "value": item["shape"]}, name="topology", where=at, sources=sources)
+        block = tuple(item.get("host", [min(h, s) for h, s in zip(host, shape, strict=False)]))
+        if (
+            len(shape) != get["dims"]
+            or len(block) != len(shape)
+            or any(
+                not isinstance(b, int) or b < 1 or s % b for s, b in zip(shape, block, strict=True)
+            )
+        ):
+            raise MeshConfigError(
+                f"{at}: shape {shape} with host block {block}; accepted: {get['dims']} dims, "
+                "each a whole number of the host block's"
+            )
         chips = math.prod(shape)
         count = chips * (get["cores_per_chip"] if get["count_unit"] == "tensorcores" else 1)
         topologies.append(Topology(count, shape, block, fact))
     topologies.sort(key=lambda t: t.count)
     if len({t.count for t in topologies}) != len(topologies):
-        raise MeshConfigError(f"hardware.toml {where}: two topologies share a count")
+        raise MeshConfigError(f"{where}.topologies: two topologies share a count")
     if get["wraparound"] not in _WRAP_RULES:
-        raise MeshConfigError(f"hardware.toml {where}.wraparound: accepted {_WRAP_RULES}")
+        raise MeshConfigError(
+            f"{where}.wraparound: value={get['wraparound']!r}; accepted: {', '.join(_WRAP_RULES)}"
+        )
     return HardwareType(
         key=key,
         platform="tpu",
@@ -203,11 +236,16 @@ def _tpu_type(key: str, entry: dict[str, Any], sources: dict[str, str]) -> Hardw
     )
 
 
-def _gpu_type(key: str, entry: dict[str, Any], sources: dict[str, str]) -> HardwareType:
-    facts = _facts(entry, where=f"gpu.{key}", sources=sources)
+def _gpu_type(
+    key: str, entry: dict[str, Any], sources: dict[str, str], *, where: str
+) -> HardwareType:
+    facts = _facts(entry, platform="gpu", where=where, sources=sources)
     per_host, domain = facts["gpus_per_host"].value, facts["nvlink_domain"].value
-    if domain % per_host:
-        raise MeshConfigError(f"hardware.toml gpu.{key}: NVLink domain is no whole host count")
+    if not isinstance(domain, int) or domain % per_host:
+        raise MeshConfigError(
+            f"{where}.nvlink_domain: value={domain!r}; accepted: a whole number of hosts of "
+            f"gpus_per_host={per_host} GPUs"
+        )
     return HardwareType(
         key=key,
         platform="gpu",
@@ -233,6 +271,7 @@ class Catalogue:
     types: tuple[HardwareType, ...]
     sources: tuple[tuple[str, str], ...]
     gpu_client: tuple[tuple[str, Fact], ...] = ()  # jax's GPU client: what a process may use
+    user_file: str | None = None  # the user catalogue merged in (user.py), if any
 
     def get(self, platform: str, key: str) -> HardwareType | None:
         return next((t for t in self.types if t.platform == platform and t.key == key), None)
@@ -241,16 +280,45 @@ class Catalogue:
         return [t.key for t in self.types if t.platform == platform]
 
 
-@lru_cache(maxsize=1)
 def catalogue() -> Catalogue:
-    """The parsed and checked configs/hardware.toml (read once per process)."""
-    path = config_path("hardware.toml")
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
+    """The catalogue this run reads: configs/hardware.toml, merged with the user's catalogue
+    where one is loaded (`load_catalogue`, `--catalogue`, $LOADAX_MESH_CATALOGUE; user.py)."""
+    return _read(user_path())
+
+
+_generation = 0  # how often the catalogues were forgotten
+
+
+def clear_catalogue() -> None:
+    """Forget the catalogues read so far (the next `catalogue()` reads its files again)."""
+    global _generation
+    _generation += 1
+    _read.cache_clear()
+
+
+def catalogue_key() -> tuple[str | None, int]:
+    """What names the catalogue `catalogue()` gives now: for caches of what is read from it."""
+    return user_path(), _generation
+
+
+@lru_cache(maxsize=4)
+def _read(user_file: str | None) -> Catalogue:
+    shipped_file = "configs/hardware.toml"
+    data = read_toml(str(config_path("hardware.toml")))
+    origins: dict[tuple[str, str], str] = {}
+    if user_file is not None:
+        data, origins = merge(data, read_toml(user_file), user_file)
     sources = data["sources"]
-    types = [_tpu_type(k, v, sources) for k, v in data["tpu"].items()]
-    types += [_gpu_type(k, v, sources) for k, v in data["gpu"].items()]
-    cpu = _facts(data["cpu"], where="cpu", sources=sources)
+    types = []
+    for platform, parse in (("tpu", _tpu_type), ("gpu", _gpu_type)):
+        for key, entry in data[platform].items():
+            origin = origins.get((platform, key), SHIPPED)
+            name = f'"{key}"' if "." in key else key
+            where = f"{origin_file(origin, shipped_file)}: {platform}.{name}"
+            if not isinstance(entry, dict):
+                raise MeshConfigError(f"{where}={entry!r}; accepted: a table of facts")
+            types.append(replace(parse(key, entry, sources, where=where), origin=origin))
+    cpu = _facts(data["cpu"], platform="cpu", where=f"{shipped_file}: cpu", sources=sources)
     types.append(
         HardwareType(
             key="cpu",
@@ -268,8 +336,13 @@ def catalogue() -> Catalogue:
             facts=tuple(cpu.items()),
         )
     )
-    client = _facts(data["gpu_client"], where="gpu_client", sources=sources)
-    return Catalogue(tuple(types), tuple(sources.items()), tuple(client.items()))
+    client = _facts(
+        data["gpu_client"],
+        platform="gpu_client",
+        where=f"{shipped_file}: gpu_client",
+        sources=sources,
+    )
+    return Catalogue(tuple(types), tuple(sources.items()), tuple(client.items()), user_file)
 
 
 def list_hardware() -> list[HardwareType]:
@@ -296,12 +369,18 @@ def wrap_rule(rule: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...]:
     return tuple(False for _ in chip_shape)
 
 
+def types_of_kind(platform: str, device_kind: str) -> list[HardwareType]:
+    """The entries of a platform whose device_kind (or an alias) is `device_kind`: a user
+    catalogue's first (detection names the user's own machine), then in file order."""
+    found = [
+        t for t in catalogue().types if t.platform == platform and device_kind in t.device_kinds
+    ]
+    return sorted(found, key=lambda t: t.origin == SHIPPED)
+
+
 def tpu_type_of_kind(device_kind: str) -> HardwareType | None:
     """The TPU generation whose device_kind (or an alias) JAX reports as `device_kind`."""
-    return next(
-        (t for t in catalogue().types if t.platform == "tpu" and device_kind in t.device_kinds),
-        None,
-    )
+    return next(iter(types_of_kind("tpu", device_kind)), None)
 
 
 def wraparound(device_kind: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .catalogue import HardwareType, catalogue, tpu_type_of_kind
+from .catalogue import HardwareType, tpu_type_of_kind, types_of_kind
 from .devices import DeviceTable, SimulatedDevices, dense_rank, read_devices
 from .words import count_text
 
@@ -27,7 +27,8 @@ def detect_hardware(devices: Sequence[Any] | None = None) -> str:
     instance type in whole NVLink domains, a TPU slice (also of a chip count the catalogue does
     not list), CPU processes of equal size. Round-trips: `detect_hardware(simulate_devices(h))
     == h` for every catalogue string; GPU instance types that share a device kind cannot be
-    told apart, so the first catalogue entry that fits is named. Otherwise the generic selector
+    told apart, so the first catalogue entry that fits is named (a user catalogue's entries
+    first: `load_catalogue`). Otherwise the generic selector
     `<platform>-<device kind>-<devices>` (`generic_selector`), e.g. `gpu-nvidia-h100-80gb-hbm3-1`.
 
     Args:
@@ -104,7 +105,7 @@ def _gpu_name(table: DeviceTable) -> tuple[str | None, str]:
     process inside one host, and every slice_index one NVLink domain (or one host, as XLA
     before fabric detection numbered them)."""
     kind, n = table.device_kind, len(table)
-    candidates = [t for t in catalogue().types if t.platform == "gpu" and kind in t.device_kinds]
+    candidates = types_of_kind("gpu", kind)
     if not candidates:
         return None, f"GPU device_kind {kind!r} is not in the catalogue"
     per_process = np.bincount(dense_rank(table.process_index))

@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any, Literal, cast
 
 from ..errors import MeshConfigError
-from .catalogue import host_memory_per_device
+from .catalogue import catalogue_key, host_memory_per_device
 from .gpu_targets import device_hbm, gpu_pool_fraction
 from .strings import HardwareSpec, parse_hardware
 
@@ -303,11 +303,12 @@ class HardwareProfile:
 
 def hardware_profile(hardware: str) -> HardwareProfile:
     """The profile of a catalogue hardware string (a MeshConfigError names what is valid)."""
-    return _profile(hardware, gpu_pool_fraction()[0])  # a GPU's memory is the pool jax sizes
+    # a GPU's memory is the pool jax sizes; the facts are the catalogue's read now (user.py)
+    return _profile(hardware, gpu_pool_fraction()[0], catalogue_key())
 
 
 @cache
-def _profile(hardware: str, pool_fraction: float) -> HardwareProfile:
+def _profile(hardware: str, pool_fraction: float, _catalogue: object) -> HardwareProfile:
     spec = parse_hardware(hardware)
     traits = platform_traits(spec.platform)
     device, missing = _device_facts(spec, traits)

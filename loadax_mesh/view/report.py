@@ -286,14 +286,16 @@ _TPU_COLUMNS = "TPU|title|device_kind|dev/chip|chips/host|slice sizes|HBM/chip|I
 _GPU_COLUMNS = "GPU|device_kind|GPUs/host|NVLink domain|HBM/GPU|NVLink/GPU|network/GPU"
 
 
-def hardware_text(types: Sequence[Any]) -> str:
-    """The hardware catalogue (`hardware.list_hardware()`) as TPU, GPU and CPU tables."""
+def hardware_text(types: Sequence[Any], *, user_file: str | None = None) -> str:
+    """The hardware catalogue (`hardware.list_hardware()`) as TPU, GPU and CPU tables; with a
+    user catalogue merged in, a last column says where each entry comes from."""
 
     def facts(t: Any, *names: str) -> list[str]:
         return [str(t.fact(n) or "-") for n in names]
 
-    tpu: list[list[Any]] = [_TPU_COLUMNS.split("|")]
-    gpu: list[list[Any]] = [_GPU_COLUMNS.split("|")]
+    origin = ["from"] if user_file else []
+    tpu: list[list[Any]] = [_TPU_COLUMNS.split("|") + origin]
+    gpu: list[list[Any]] = [_GPU_COLUMNS.split("|") + origin]
     cpu = []
     for t in types:
         per_chip, counts = t.devices_per_chip, t.counts
@@ -309,6 +311,7 @@ def hardware_text(types: Sequence[Any]) -> str:
                     t.devices_per_host // per_chip,
                     sizes,
                     *facts(t, "hbm", "ici_bandwidth", "dcn_bandwidth"),
+                    *([t.origin] if user_file else []),
                 ]
             )
         elif traits.nvlink_domains:
@@ -319,6 +322,7 @@ def hardware_text(types: Sequence[Any]) -> str:
                     t.devices_per_host,
                     t.nvlink_domain,
                     *facts(t, "hbm", "nvlink_bandwidth", "network_per_gpu"),
+                    *([t.origin] if user_file else []),
                 ]
             )
         else:
@@ -327,6 +331,7 @@ def hardware_text(types: Sequence[Any]) -> str:
         f"{text_table(tpu)}\n\n{text_table(gpu)}\n\n" + "\n".join(cpu) + "\n\nslice sizes: the "
         "counts a TPU string accepts (TensorCores on v2-v4, v5p and 7x; chips on v5e and v6e). "
         "Every fact's source: configs/hardware.toml or --format json"
+        + (f"\n\ncatalogue: configs/hardware.toml merged with {user_file}" if user_file else "")
     )
 
 

@@ -212,11 +212,11 @@ def test_facts_without_a_source_are_rejected():
     from loadax_mesh.hardware.catalogue import _fact
 
     with pytest.raises(MeshConfigError, match="source"):
-        _fact({"value": 4}, where="x", sources={"A": "a"})
+        _fact({"value": 4}, name="dims", where="x", sources={"A": "a"})
     with pytest.raises(MeshConfigError, match="not in"):
-        _fact({"value": 4, "source": ["B"]}, where="x", sources={"A": "a"})
-    with pytest.raises(MeshConfigError, match="value is required"):
-        _fact({"source": ["A"]}, where="x", sources={"A": "a"})
+        _fact({"value": 4, "source": ["B"]}, name="dims", where="x", sources={"A": "a"})
+    with pytest.raises(MeshConfigError, match="a value unless"):
+        _fact({"source": ["A"]}, name="dims", where="x", sources={"A": "a"})
 
 
 # -- listing order and ids as JAX gives them ------------------------------------------------
