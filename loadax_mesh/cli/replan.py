@@ -139,7 +139,10 @@ def _text(
     )
     micro = got.global_batch // got.microbatches
     rows = (
-        [f"           each host loads its rows below once a step, run as {got.microbatches} micro-batches"]
+        [
+            "           each host loads its rows below once a step, run as "
+            f"{got.microbatches} micro-batches"
+        ]
         if got.microbatches > 1
         else []
     )

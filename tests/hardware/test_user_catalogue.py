@@ -217,3 +217,14 @@ def test_the_dgx_h100_string_on_the_command_line(capsys):
     argv = ["estimate", "gpu-dgx-h100-32", "--strategy", "fsdp", "--model", "llama3-8b"]
     assert main([*argv, "--global-batch", "32"]) == 0
     assert ": fits" in capsys.readouterr().out
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_a_user_type_compiles_on_the_cuda_client(capsys):
+    """Four nodes of the user's DGX H100 entry: XLA's CUDA client compiles the step for them
+    (the GPU's target config is found by the entry's device_kind)."""
+    argv = ["compile", "gpu-our-dgx-h100-32", "--catalogue", str(EXAMPLE), "--strategy", "fsdp"]
+    assert main([*argv, "--model", "tiny", "--global-batch", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "mesh data=4 x fsdp=8" in out and ": fits" in out
