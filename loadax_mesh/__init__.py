@@ -22,7 +22,7 @@ _PUBLIC = {
     "create_device_mesh": "plan",
     "simulate_devices": "hardware.strings",
     "detect_hardware": "hardware.detect",
-    "load_catalogue": "hardware.user",
+    "load_catalogue": "hardware.loading",
     "list_presets": "presets",
     "shard_batch": "jobs.batch",
     "host_batch_slice": "jobs.batch",
@@ -55,9 +55,9 @@ if TYPE_CHECKING:
     from .errors import MeshConfigError
     from .groups import axis_groups, coordinate, flatten_axes, process_groups, submesh
     from .hardware.detect import detect_hardware
+    from .hardware.loading import load_catalogue
     from .hardware.strings import simulate_devices
     from .hardware.topology import topology_devices
-    from .hardware.user import load_catalogue
     from .jobs.batch import HostBatchSlice, host_batch_slice, shard_batch
     from .jobs.replan import Replan, replan
     from .plan import MeshPlan, create_device_mesh, plan_mesh

@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(args_list)
         if args.catalogue is None:
             return int(args.run(args))
-        from ..hardware.user import using_catalogue
+        from ..hardware.loading import using_catalogue
 
         with using_catalogue(args.catalogue):
             return int(args.run(args))

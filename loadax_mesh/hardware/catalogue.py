@@ -358,17 +358,6 @@ def gpu_examples(t: HardwareType) -> list[int]:
     return [domain, 8 * domain, 32 * domain]
 
 
-def wrap_rule(rule: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...]:
-    """Per chip dim, whether it closes into a ring: `full_cube` (v4, v5p, 7x) wraps every dim
-    once all dims are 4 or more; `dims_of_16` (v5e, v6e) wraps dims of length 16; `none`."""
-    if rule == "full_cube":
-        cube = all(d >= 4 for d in chip_shape)
-        return tuple(cube for _ in chip_shape)
-    if rule == "dims_of_16":
-        return tuple(d == 16 for d in chip_shape)
-    return tuple(False for _ in chip_shape)
-
-
 def types_of_kind(platform: str, device_kind: str) -> list[HardwareType]:
     """The entries of a platform whose device_kind (or an alias) is `device_kind`: a user
     catalogue's first (detection names the user's own machine), then in file order."""
@@ -381,16 +370,6 @@ def types_of_kind(platform: str, device_kind: str) -> list[HardwareType]:
 def tpu_type_of_kind(device_kind: str) -> HardwareType | None:
     """The TPU generation whose device_kind (or an alias) JAX reports as `device_kind`."""
     return next(iter(types_of_kind("tpu", device_kind)), None)
-
-
-def wraparound(device_kind: str, chip_shape: tuple[int, ...]) -> tuple[bool, ...]:
-    """Which chip dims of a slice of `chip_shape` close into rings, by the catalogue's rule.
-
-    v4, v5p and 7x: every dim wraps on slices of 4x4x4 and larger, none on smaller ones.
-    v5e and v6e: only dims of length 16 wrap. Unknown kinds (and v2/v3, unconfirmed): none.
-    """
-    t = tpu_type_of_kind(device_kind)
-    return wrap_rule(t.wraparound_rule if t else "none", tuple(chip_shape))
 
 
 def host_memory_per_device(t: HardwareType) -> float | None:

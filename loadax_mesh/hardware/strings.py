@@ -23,11 +23,10 @@ from .catalogue import (
     Topology,
     catalogue,
     list_hardware,
-    wrap_rule,
-    wraparound,
 )
 from .detect import detect_hardware
 from .devices import SimulatedDevice, SimulatedDevices
+from .tori import wrap_rule, wraparound
 
 __all__ = [
     "Fact",

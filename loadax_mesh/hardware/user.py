@@ -11,14 +11,9 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import MeshConfigError
-
-if TYPE_CHECKING:
-    from .catalogue import Catalogue
 
 ENV = "LOADAX_MESH_CATALOGUE"
 SHIPPED = "shipped"
@@ -31,46 +26,16 @@ def user_path() -> str | None:
     return _loaded if _loaded is not None else (os.environ.get(ENV) or None)
 
 
-def load_catalogue(path: str | os.PathLike[str] | None) -> Catalogue:
-    """Read the catalogue `path` adds to (or overrides in) the shipped one, for this process.
+def loaded_path() -> str | None:
+    """The file load_catalogue set, None where it set none."""
+    return _loaded
 
-    Every later plan, estimate, detection and hardware listing reads the merged catalogue.
-    `load_catalogue(None)` drops the file again (the shipped catalogue, merged with
-    $LOADAX_MESH_CATALOGUE where that is set).
 
-    Args:
-        path: a TOML file in the schema of configs/hardware.toml, or None.
-
-    Returns:
-        The merged catalogue.
-
-    Raises:
-        MeshConfigError: the file is missing, no TOML, or breaks the schema (the message names
-            the file, the entry, the field and what is accepted).
-    """
+def set_user_path(path: str | None) -> str | None:
+    """Make `path` the file load_catalogue set (None: the environment decides); the one before."""
     global _loaded
-    from .catalogue import catalogue, clear_catalogue
-
-    previous, _loaded = _loaded, None if path is None else os.fspath(path)
-    clear_catalogue()
-    try:
-        return catalogue()
-    except MeshConfigError:
-        _loaded = previous  # a refused file leaves the run's catalogue as it was
-        clear_catalogue()
-        raise
-
-
-@contextmanager
-def using_catalogue(path: str | None) -> Iterator[None]:
-    """Read `path` as the user catalogue inside the block (the CLI's `--catalogue`), and the
-    catalogue of before after it."""
-    previous = _loaded
-    load_catalogue(path)
-    try:
-        yield
-    finally:
-        load_catalogue(previous)
+    previous, _loaded = _loaded, path
+    return previous
 
 
 def read_toml(path: str) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MeshConfigError
-from ..hardware.catalogue import wraparound
 from ..hardware.devices import DeviceTable
+from ..hardware.tori import wraparound
 from ..shapes import HybridMeshShape
 from .torus import solve_torus
 

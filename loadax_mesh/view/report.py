@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import MeshConfigError
-from ..hardware.catalogue import wraparound
 from ..hardware.detect import match_catalogue
 from ..hardware.profile import platform_traits
 from ..hardware.strings import catalogue_spec
+from ..hardware.tori import wraparound
 from ..hardware.words import count_text
 from ..jobs.batch import shard_blocks
 from .picture import PlanView, render_grid, render_svg, shape_text
