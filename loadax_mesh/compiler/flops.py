@@ -15,7 +15,7 @@ import math
 from functools import cache
 from typing import Any
 
-from .hlo import ARRAY, HloText, Instruction, braced, call_target, operand_dims
+from .hlo import ARRAY, HloText, Instruction, braced, call_target, operand_dims, operand_types
 
 CUDNN_ATTENTION = "__cudnn$fmha"  # the prefix of XLA's cuDNN fused-attention targets
 MOSAIC_GPU = "mosaic_gpu"  # the prefix of a Mosaic GPU (Pallas) kernel's target
@@ -87,7 +87,7 @@ def grouped_matmul_flops(call: Instruction) -> int | None:
     weights' gradient [G, K, N]. Either way each of the M rows meets one expert: 2 M K N, the
     routed rows only. None for a Mosaic GPU kernel of any other shape (no figure rather than a
     wrong one)."""
-    floats = [dims for dtype, dims in _typed_dims(call) if not dtype.startswith(("s", "u"))]
+    floats = [dims for dtype, dims in operand_types(call) if not dtype.startswith(("s", "u"))]
     shapes = ARRAY.findall(call.shape)
     if len(floats) != 2 or len(shapes) != 1:
         return None
@@ -103,12 +103,6 @@ def grouped_matmul_flops(call: Instruction) -> int | None:
     else:
         return None
     return 2 * m * k * n
-
-
-def _typed_dims(call: Instruction) -> list[tuple[str, tuple[int, ...]]]:
-    """A custom call's operands as (dtype, dims), from `operand_layout_constraints`."""
-    text = braced(call.attributes, "operand_layout_constraints=")
-    return [(t, tuple(int(d) for d in dims.split(",") if d)) for t, dims in ARRAY.findall(text)]
 
 
 def attention_flops(call: Instruction) -> int | None:

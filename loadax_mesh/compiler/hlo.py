@@ -115,8 +115,13 @@ def call_target(call: Instruction) -> str:
 def operand_dims(call: Instruction) -> list[tuple[int, ...]]:
     """A custom call's operands' dims, from `operand_layout_constraints` (the optimised
     module's text names operands without their shapes)."""
+    return [dims for _, dims in operand_types(call)]
+
+
+def operand_types(call: Instruction) -> list[tuple[str, tuple[int, ...]]]:
+    """A custom call's operands as (dtype, dims), from `operand_layout_constraints`."""
     text = braced(call.attributes, "operand_layout_constraints=")
-    return [tuple(int(d) for d in dims.split(",") if d) for _, dims in ARRAY.findall(text)]
+    return [(t, tuple(int(d) for d in dims.split(",") if d)) for t, dims in ARRAY.findall(text)]
 
 
 class HloText:

@@ -5,15 +5,19 @@ not fit; the stacks' parameters against the model's count."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import check_fit, param_shapes, roles
+from loadax_mesh.workload.moe import _within
 from loadax_mesh.workload.step import make_step
 
 from .losses import TINY, train_losses
@@ -111,7 +115,41 @@ def test_the_block_traces_where_an_axis_of_the_weights_is_not_one_of_the_output(
     shape, names, batch = UNNAMED_IN_OUT[case]
     mesh = MeshConfig(shape, names, batch_axis_names=batch).create_device_mesh()
     step = make_step(mesh, MOE, TrainSpec(global_batch=8, moe=moe), batch_axes=batch)
-    step.fn.trace(*step.abstract_args())  # raised ValueError (out_specs) before the fix
+    # raised ValueError (out_specs) before `_within`; the block now runs unchecked, so the
+    # specs are checked below and the gradients in the slow test after them
+    step.fn.trace(*step.abstract_args())
+
+
+def test_the_weights_arrive_whole_over_every_axis_the_output_does_not_name():
+    """The block runs unchecked (Pallas kernels carry no varying-axes type), so nothing but
+    `_within` keeps a weight sharded over an axis its output says it is replicated over: an
+    fsdp axis that does not split the batch, a tensor or expert axis the output leaves out."""
+    out = P(("data", "fsdp", "expert"), None, "model")
+    assert _within(("expert", "fsdp", "model"), out) == ("expert", "fsdp", "model")
+    assert _within(("expert", "fsdp", "model"), P("data", None, None)) == (None, None, None)
+    assert _within((("fsdp", "expert"), None), P(("data", "fsdp"), None, None)) == ("fsdp", None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(UNNAMED_IN_OUT))
+def test_the_gradients_on_eight_devices_are_one_devices(single, case):
+    """Every weight's gradient, not only the losses (Adam's update hides a gradient scaled by
+    a constant): the unchecked block sums each cotangent where it must and nowhere else."""
+    shape, names, batch = UNNAMED_IN_OUT[case]
+    train = TrainSpec(global_batch=8, compute_dtype="float32")
+    tokens = jax.random.randint(jax.random.key(1), (8, MOE.seq_len), 0, MOE.vocab_size)
+
+    def grads(plan):
+        step = make_step(plan.to_jax_mesh(), MOE, train, batch_axes=plan.batch_axis_names)
+        params, _ = step.init(jax.random.key(0))
+        put = partial(jax.device_put, device=step.batch_sharding)
+        data = {"tokens": put(tokens), "targets": put(jnp.roll(tokens, -1, axis=1))}
+        return jax.jit(jax.grad(step.loss))(params, data)
+
+    sharded = MeshConfig(shape, names, batch_axis_names=batch).plan()
+    ours, theirs = grads(sharded), grads(single)
+    for name, g in theirs.items():
+        np.testing.assert_allclose(ours[name], g, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 @pytest.mark.slow
