@@ -13,8 +13,12 @@ granules (NVLink domains). Targets: memory and host memory within 20%, fits agre
 within 25%.
 
     python benchmarks/bench_cost.py [--cache DIR] [--only SUBSTRING] [--recipes] [--markdown]
+        [--rows configs/memory_referees.toml]
 
 `--cache DIR` keeps each compile report as JSON and reuses it (compiles take minutes here).
+`--rows FILE` writes each case's estimated and compiled memory as the referee rows the fit
+verdict's error band is read from (cost/band.py); `--refresh-rows FILE` recomputes their
+estimates alone.
 """
 
 from __future__ import annotations
@@ -226,7 +230,85 @@ def compare(case: tuple[Any, ...], cache: Path | None) -> dict[str, Any]:
         "axes": rows,
         "gpu": hardware.startswith("gpu"),
         "seconds": time.perf_counter() - start,
+        "plan": plan,
     }
+
+
+def referee_row(case: tuple[Any, ...], plan: Any, want: int, got: int) -> dict[str, Any]:
+    """A case as a row of configs/memory_referees.toml (cost/band.py reads and recomputes it)."""
+    name, _, overrides = case[2].partition(":")
+    fields = {k: int(v) for k, v in (item.split("=") for item in overrides.split(",") if item)}
+    t = train_of(case)
+    return {
+        "hardware": case[0],
+        "axes": list(plan.axis_names),
+        "ici": list(plan.ici_mesh_shape),
+        "dcn": list(plan.dcn_mesh_shape),
+        "batch_axes": list(plan.batch_axis_names),
+        "model": name,
+        "model_fields": fields,
+        "train": {
+            "global_batch": t.global_batch,
+            "remat": case[4],
+            "microbatches": t.microbatches,
+            "logits_chunks": t.logits_chunks,
+        },
+        "estimate_bytes": want,
+        "compiled_bytes": got,
+        "referee": f"compiled by {_compilers(case[0])} (benchmarks/bench_cost.py)",
+    }
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write the referee rows to `path`, keeping its rows measured on real devices (those no
+    compile here can redo), every row's estimate recomputed by the cost model as it is now."""
+    import tomllib
+
+    from loadax_mesh.cost.band import referee_estimate
+
+    kept = []
+    if path.exists():
+        with open(path, "rb") as f:
+            kept = [
+                r for r in tomllib.load(f).get("row", []) if r["referee"].startswith("measured")
+            ]
+    header = [
+        "# The memory model against its referees, one row per step: what the compiler gave it",
+        "# (libtpu's buffer assignment on TPU, memory_analysis() on GPU) or what a real device",
+        "# measured, beside the estimate. Written by `python benchmarks/bench_cost.py --cache",
+        "# DIR --rows configs/memory_referees.toml` (the compiled rows; measured rows are kept)",
+        "# and `--refresh-rows FILE` (every estimate recomputed, no compile); the estimates are",
+        "# checked to be the cost model's by tests/cost/test_band.py. The fit verdict's error",
+        "# band per platform is read from these rows (loadax_mesh/cost/band.py).",
+        f'date = "{time.strftime("%Y-%m-%d")}"',
+        "",
+    ]
+    body = []
+    for row in [*rows, *kept]:
+        row = {**row, "estimate_bytes": referee_estimate(row)}
+        body += ["[[row]]", *(f"{k} = {_toml(v)}" for k, v in row.items()), ""]
+    path.write_text("\n".join(header + body))
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, dict):
+        return (
+            "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+            if value
+            else "{}"
+        )
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _compilers(hardware: str) -> str:
+    from importlib.metadata import version
+
+    import jax
+
+    compiler = "libtpu" if hardware.startswith("tpu") else "jax-cuda12-plugin"
+    return f"{compiler} {version(compiler)} (jax {jax.__version__}), {time.strftime('%Y-%m-%d')}"
 
 
 def _ratio(want: float, got: float) -> str:
@@ -245,11 +327,26 @@ def main() -> None:
         "--recipes", action="store_true", help="only the cases that give a recipe (issue #20)"
     )
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--rows", type=Path, help="write the memory referee rows (TOML) here")
+    parser.add_argument(
+        "--refresh-rows",
+        type=Path,
+        metavar="FILE",
+        help="recompute every row's estimate in FILE (no compile), then stop",
+    )
     args = parser.parse_args()
+    if args.refresh_rows:
+        import tomllib
+
+        with open(args.refresh_rows, "rb") as f:
+            rows = tomllib.load(f)["row"]
+        write_rows(args.refresh_rows, [r for r in rows if not r["referee"].startswith("measured")])
+        return
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)
     lines = []
     misses = []
+    referees = []
     for case in CASES:
         if args.only not in "_".join(map(str, case)) or (args.recipes and len(case) < 7):
             continue
@@ -283,11 +380,14 @@ def main() -> None:
             f"{fit_est}/{fit_comp}", "; ".join(axes) or "-", "ok" if ok else "MISS",
         ]  # fmt: skip
         lines.append(cells)
+        referees.append(referee_row(r["case"], r["plan"], want, got))
         if not ok:
             misses.append(cells[0:6])
         print(" | ".join(cells), f"[{r['seconds']:.0f} s]", flush=True)
     print(f"\n{platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
     print(f"{len(lines) - len(misses)} of {len(lines)} cases meet every target")
+    if args.rows:
+        write_rows(args.rows, referees)
     if args.markdown:
         header = ["hardware", "preset", "mesh", "model", "batch", "recipe"]
         header += ["memory GB est/compiled", "host GB est/compiled", "fits est/compiled"]

@@ -48,6 +48,11 @@ WORKLOAD_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
         {"default": "flash", "choices": ["flash", "plain"]},
         "flash: splash kernel on TPU, cuDNN on GPU; plain: XLA with the scores written out",
     ),
+    "--fact": (
+        {"dest": "facts", "action": "append", "default": [], "metavar": "NAME=VALUE"},
+        "set a catalogue fact of the hardware for this run, with its unit, e.g. "
+        "host_link_bandwidth=100GB/s (repeatable); reported as given by the user",
+    ),
 }
 
 
@@ -81,11 +86,11 @@ def models_command(args: argparse.Namespace) -> int:
 def compile_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str]) -> int:
     from ..compiler.report import compile_step
     from ..view.compile import render_report
-    from .cost import specs
+    from .cost import given_facts, specs
 
     model, train = specs(args)
     with _progress(f"compiling {model.name} for {plan.hardware}"):
-        report = compile_step(plan, model, train)
+        report = compile_step(plan, model, train, facts=given_facts(args))
     if args.format == "json":
         print_json({**report.to_dict(), "notes": notes})
     else:

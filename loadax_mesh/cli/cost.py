@@ -38,6 +38,19 @@ def specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec]:
     return ModelSpec.from_name(args.model), train
 
 
+def given_facts(args: argparse.Namespace) -> dict[str, str] | None:
+    """The facts `--fact NAME=VALUE` sets (checked where the hardware's profile reads them)."""
+    from ..hardware.given import parse_fact_flag
+
+    found: dict[str, str] = {}
+    for item in args.facts:
+        name, value = parse_fact_flag(item)
+        if name in found:
+            raise UsageError(f"--fact {name} is given twice ({found[name]}, {value})")
+        found[name] = value
+    return found or None
+
+
 def recipe(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe fields the flags give (--remat, --microbatches, --logits-chunks, --moe)."""
     from ..workload.spec import parse_remat
@@ -70,7 +83,7 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
         )
     model, train = specs(args)
     fixed = recipe(args)
-    ranking = choose_mesh(args.hardware, model, train, recipes=[fixed])
+    ranking = choose_mesh(args.hardware, model, train, recipes=[fixed], facts=given_facts(args))
     args.chosen_train = ranking[0].train  # what estimate and compile then run
     fields = ("remat", "microbatches", "logits_chunks") + ("moe",) * bool(model.num_experts)
     searched = [f"--{k.replace('_', '-')}" for k in fields if k not in fixed]
@@ -82,7 +95,7 @@ def estimate_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str])
     from ..view.estimate import estimate_text
 
     model, train = specs(args)
-    e = estimate(plan, model, train)
+    e = estimate(plan, model, train, facts=given_facts(args))
     if args.format == "json":
         print_json({**e.to_dict(), "notes": notes})
     else:

@@ -165,6 +165,7 @@ def _refuse_workload_flags(args: argparse.Namespace) -> None:
             ("--logits-chunks", args.logits_chunks, None),
             ("--moe", args.moe, None),
             ("--attention", args.attention, "flash"),
+            ("--fact", args.facts, []),
         )
         if value != default
     ]

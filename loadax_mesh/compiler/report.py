@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,6 +109,7 @@ class CompileReport:
     assigned_bytes: int | None = None
     # The hardware compiled for, where the catalogue names it.
     profile: HardwareProfile | None = field(default=None, repr=False, compare=False)
+    given: dict[str, str] = field(default_factory=dict)  # facts the user gave the roofline
 
     def bytes_across(self) -> dict[str, int | None]:
         """Collective bytes per step: in all, inside hosts, across hosts and across granules
@@ -135,7 +137,13 @@ class CompileReport:
         return data
 
 
-def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileReport:
+def compile_step(
+    plan: MeshPlan,
+    model: ModelSpec,
+    train: TrainSpec,
+    *,
+    facts: Mapping[str, str | float] | None = None,
+) -> CompileReport:
     """Compile the reference step for `plan` and report what the compiler says.
 
     A TPU compile refused for lack of HBM gives a report with `fits` False, what the step as
@@ -147,6 +155,8 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         plan: a plan over real or compile-only jax devices (`topology_devices`).
         model: the model's shape.
         train: the batch, dtypes and recipe.
+        facts: catalogue facts of the hardware set for this run (as `estimate`'s), which
+            the roofline reads.
 
     Returns:
         The `CompileReport`: memory, fit, FLOPs, roofline and collectives, per device.
@@ -162,7 +172,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
     mesh = plan.to_jax_mesh()
     step = make_step(mesh, model, train, batch_axes=plan.batch_axis_names)
     platform = mesh.devices.flat[0].platform
-    profile = catalogue_profile(plan.hardware)
+    profile = catalogue_profile(plan.hardware, facts)
     hbm = device_hbm(profile.spec.type) if profile is not None else None
     if hbm is not None and profile is not None:  # compile-only v4 TensorCores: half a chip's
         hbm *= min(1.0, profile.spec.num_devices / mesh.devices.size)
@@ -181,6 +191,7 @@ def compile_step(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> CompileR
         microbatches=train.microbatches,
         logits_chunks=train.logits_chunks,
         profile=profile,
+        given={} if profile is None or profile.device is None else _given(profile),
     )
     start = time.perf_counter()
     lowered = step.fn.lower(*step.abstract_args())
@@ -260,6 +271,10 @@ def assigned_bytes(dump: Path, module: str = "") -> int | None:
         if found is not None:
             return int(found[1])
     return None
+
+
+def _given(profile: HardwareProfile) -> dict[str, str]:
+    return {g.name: g.text for g in profile.facts().given}
 
 
 def _roofline(text: str, profile: HardwareProfile | None, devices: int) -> float | None:

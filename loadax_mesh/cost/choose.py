@@ -35,6 +35,7 @@ from .recipes import (
     MOE_PATHS,
     RECIPE_FIELDS,
     Recipe,
+    assumed_host_facts,
     check_recipes,
     divisors,
     fitting_recipes,
@@ -60,6 +61,14 @@ class Choice:
     plan: MeshPlan
     estimate: Estimate
     train: TrainSpec  # the recipe chosen with the mesh (the given TrainSpec otherwise)
+    # its memory is over the headroom's limit but within the model's measured error of fitting
+    beyond_headroom: bool = False
+
+    @property
+    def unsure(self) -> bool:
+        """Whether the choice rests on an assumption or on the model's error (ranked after
+        every choice that does not)."""
+        return self.beyond_headroom or bool(self.estimate.assumes)
 
     @property
     def ici(self) -> tuple[int, ...]:
@@ -97,12 +106,14 @@ class _Scored:
     key: tuple[Any, ...]
     train: TrainSpec
     estimate: Estimate
+    beyond: bool
 
 
 class Ranking(list[Choice]):
     """The best choices, best first, and how the search went: `considered` shapes times splits,
     `pruned` (reason -> count), `planned` by the real planner and estimated on its rings,
-    `unsearched`: what the catalogue could not price, so the search left it out."""
+    `unsearched`: what the catalogue could not price, so the search left it out; `assumed`:
+    what it priced on a condition (cost/conditions.py)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -110,6 +121,7 @@ class Ranking(list[Choice]):
         self.pruned: dict[str, int] = {}
         self.planned = 0
         self.unsearched: list[str] = []
+        self.assumed: list[str] = []  # what the search priced on a condition
 
 
 def choose_mesh(
@@ -121,6 +133,7 @@ def choose_mesh(
     top: int = 5,
     headroom: float = 0.1,
     recipes: Iterable[Mapping[str, Any]] | None = None,
+    facts: Mapping[str, str | float] | None = None,
 ) -> Ranking:
     """The `top` fitting meshes of `axes` for `model` on `hardware`, fastest first, each with the
     fastest recipe that fits it.
@@ -147,6 +160,11 @@ def choose_mesh(
             and `[{"remat": "full", "microbatches": 1, "logits_chunks": 1, "moe":
             "dropless"}]` one recipe (`{"moe": "dropless"}` keeps every token copy). None
             (default): the whole search.
+        facts: catalogue facts set for this search (as `estimate`'s `facts`).
+
+    Choices that rest on an assumption (a fact with no source: `Estimate.assumes`) or whose
+    memory is over the headroom's limit but within the model's measured error of fitting
+    (`Choice.beyond_headroom`, cost/band.py) rank after every choice that does neither.
 
     Returns:
         A `Ranking` (a list of `Choice`, best first: each its MeshConfig, MeshPlan, Estimate
@@ -168,17 +186,23 @@ def choose_mesh(
     wanted = check_recipes(recipes, train)
     if model.num_experts:  # both paths, unless a recipe pins one
         wanted = [w | {"moe": p} for w in wanted for p in ([w["moe"]] if "moe" in w else MOE_PATHS)]
-    profile = hardware_profile(hardware)
-    spec, facts = profile.spec, profile.facts()
+    profile = hardware_profile(hardware, facts)
+    spec, device = profile.spec, profile.facts()
     devices = simulate_devices(spec)
     batch = tuple(a for a in names if a in _BATCH)
     n, granules = spec.num_devices, spec.granules
     ranking = Ranking()
-    missing = missing_host_facts(facts)
+    missing = missing_host_facts(device)
     if missing:  # fitting_recipes leaves offload out there
         ranking.unsearched.append(
             f"recipes that offload to host memory (the catalogue has no {' or '.join(missing)} "
-            f"for {hardware})"
+            f"for {hardware}; --fact sets it)"
+        )
+    assumed = assumed_host_facts(device)
+    if assumed and not missing:
+        ranking.assumed.append(
+            f"recipes that offload to host memory rest on the {' and '.join(assumed)} (the "
+            f"catalogue has none for {hardware}): each such choice names its condition"
         )
     candidates: list[_Candidate] = []
     # Perfect rings, each over every torus dim of a slice at once: what no planned axis beats
@@ -210,9 +234,9 @@ def choose_mesh(
                 continue
             ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
             factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
-            held = holds_tables(facts, r, factors)
+            held = holds_tables(device, r, factors)
             if held not in fitting:
-                fitting[held] = fitting_recipes(model, train, wanted, r, facts, held, headroom)
+                fitting[held] = fitting_recipes(model, train, wanted, r, device, held, headroom)
             recipes_here, least = fitting[held]
             if not recipes_here:
                 if least is not None:
@@ -221,7 +245,7 @@ def choose_mesh(
                     unpriced.append((r, held))
                 _count(ranking.pruned, f"no recipe fits in {fits}", 1)
                 continue
-            bound = _fastest(model, r, factors, best_links, facts, recipes_here).key
+            bound = _fastest(model, r, factors, best_links, device, recipes_here).key
             candidates.append(_Candidate(bound, r, factors, recipes_here))
     if not batch_ok:
         raise MeshConfigError(
@@ -231,14 +255,14 @@ def choose_mesh(
         )
     if not candidates:
         for r, held in unpriced:  # priced now, for the message's smallest need
-            least = fitting_recipes(model, train, wanted, r, facts, held, headroom, floor=False)[1]
+            least = fitting_recipes(model, train, wanted, r, device, held, headroom, floor=False)[1]
             if least is not None:
                 smallest = least if smallest is None else min(smallest, least)
         needed = "" if smallest is None else f" the smallest needs {smallest / 1e9:.2f} GB"
         raise MeshConfigError(
             f"model {model.name!r} with global batch {train.global_batch} fits no mesh of "
             f"{list(names)} on {hardware} with any recipe searched:{needed} per device, the "
-            f"hardware has {facts.hbm_bytes / 1e9:.2f} GB (of which the choice leaves "
+            f"hardware has {device.hbm_bytes / 1e9:.2f} GB (of which the choice leaves "
             f"{headroom:.0%} free)"
         )
     candidates.sort(key=lambda c: c.bound)
@@ -249,9 +273,10 @@ def choose_mesh(
         config = MeshConfig(HybridMeshShape(c.ici, c.dcn), names, batch)
         plan = plan_config(config, devices, granule="auto", hardware=hardware)
         efficiency = {a: q.link_factor for a, q in plan.quality().items()}
-        fastest = _fastest(model, c.roles, c.factors, efficiency, facts, c.recipes)
+        fastest = _fastest(model, c.roles, c.factors, efficiency, device, c.recipes)
         ranking.planned += 1
-        best.append((fastest.key, Choice(config, plan, fastest.estimate, fastest.train)))
+        choice = Choice(config, plan, fastest.estimate, fastest.train, fastest.beyond)
+        best.append((fastest.key, choice))
         best.sort(key=lambda b: b[0])
     ranking.extend(choice for _, choice in best[:top])
     return ranking
@@ -276,7 +301,8 @@ def _fastest(
     scored = []
     for k, recipe in enumerate(recipes):
         e = estimate_parts(model, recipe.train, r, factors, efficiency, facts, terms=recipe.terms)
-        scored.append(_Scored((*_key(e), k, sizes), recipe.train, e))
+        unsure = recipe.beyond or bool(e.assumes)
+        scored.append(_Scored((unsure, *_key(e), k, sizes), recipe.train, e, recipe.beyond))
     return min(scored, key=lambda s: s.key)
 
 

@@ -11,6 +11,7 @@ exposed, host-offload copies hidden behind their own pass.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,9 @@ from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
+from . import band as _band
 from . import mla
+from .conditions import host_conditions
 from .memory import Shapes, host_bytes, memory_terms, phases
 from .moe import expert_rows, moe_op_flops
 from .saved import runs_again
@@ -68,6 +71,10 @@ class Estimate:
     host_memory_bytes: int | None  # what one device may use of its host (None: not offloading
     # and the catalogue does not know it)
     fits: bool  # memory_bytes <= hbm_bytes and host_bytes <= host_memory_bytes
+    # The fit with the model's measured error (cost/band.py): "fits", "does not fit", or
+    # "within the model's error" (compile to confirm: `confirm`)
+    verdict: str
+    confirm: str | None  # within the model's error: the command that compiles it; else None
     flops: float  # executed, remat recompute included
     recompute_flops: float  # of which the backward pass's recompute
     model_flops: float  # the model's own (6 per parameter and token plus causal attention)
@@ -82,6 +89,10 @@ class Estimate:
     mfu: float
     bottleneck: str
     profile: HardwareProfile = field(repr=False, compare=False)  # the hardware it priced
+    # The conditions the answer rests on where a fact it needs has no source (each with its
+    # threshold and the step at it); empty: none
+    assumes: tuple[str, ...] = ()
+    given: dict[str, str] = field(default_factory=dict)  # facts the user gave: name -> value
     overlap: str = OVERLAP
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,29 +104,39 @@ class Estimate:
         return deepcopy({"platform" if k == "profile" else k: v for k, v in data.items()})
 
 
-def estimate(plan: MeshPlan, model: ModelSpec, train: TrainSpec) -> Estimate:
+def estimate(
+    plan: MeshPlan,
+    model: ModelSpec,
+    train: TrainSpec,
+    *,
+    facts: Mapping[str, str | float] | None = None,
+) -> Estimate:
     """Estimate the reference step on `plan` with the cost model (no jax).
 
     Args:
         plan: a plan whose hardware string is in the catalogue (simulated devices are fine).
         model: the model's shape.
         train: the batch, dtypes and recipe.
+        facts: catalogue facts of the hardware set for this estimate, each a value with its
+            unit (`{"host_link_bandwidth": "100 GB/s"}`); reported as given by the user.
 
     Returns:
-        The `Estimate`: memory terms, compute, collectives per axis, step time, MFU and the
-        bottleneck.
+        The `Estimate`: memory terms, compute, collectives per axis, step time, MFU, the
+        bottleneck, the fit verdict with the model's error, and the conditions it rests on
+        where a fact it needs has no source (`assumes`).
 
     Raises:
-        MeshConfigError: hardware the catalogue does not know, or a model, batch or recipe
-            that does not divide over the plan's axes.
+        MeshConfigError: hardware the catalogue does not know, a fact it lacks that the
+            estimate cannot answer on a condition, a bad `facts` entry, or a model, batch or
+            recipe that does not divide over the plan's axes.
     """
-    r, factors, efficiency, facts = plan_parts(plan)
+    r, factors, efficiency, device = plan_parts(plan, facts)
     check_fit(model, train, r)
-    return estimate_parts(model, train, r, factors, efficiency, facts)
+    return estimate_parts(model, train, r, factors, efficiency, device)
 
 
 def plan_parts(
-    plan: MeshPlan,
+    plan: MeshPlan, facts: Mapping[str, str | float] | None = None
 ) -> tuple[Roles, dict[str, tuple[int, int]], dict[str, float], DeviceFacts]:
     """What `estimate_parts` reads of a plan (besides the model and train spec)."""
     if plan.hardware is None:
@@ -123,13 +144,14 @@ def plan_parts(
             "plan.hardware=None: the estimate needs the catalogue's facts; accepted: a plan over "
             "simulate_devices(...) or with selector= naming catalogue hardware"
         )
-    facts = plan.profile.facts_for(math.prod(plan.shape.values()))
+    profile = hardware_profile(plan.hardware, facts)
+    facts_ = profile.facts_for(math.prod(plan.shape.values()))
     r = roles(tuple(plan.shape.items()), plan.batch_axis_names)
     factors = {
         a: (i, d)
         for a, i, d in zip(plan.axis_names, plan.ici_mesh_shape, plan.dcn_mesh_shape, strict=True)
     }
-    return r, factors, {a: q.link_factor for a, q in plan.quality().items()}, facts
+    return r, factors, {a: q.link_factor for a, q in plan.quality().items()}, facts_
 
 
 def estimate_parts(
@@ -171,8 +193,9 @@ def estimate_parts(
     found = collectives(model, train, r, overlapped=overlapped, regather=regather)
     axes = axis_traffic(found, r, factors, efficiency, priced)
     host = host_bytes(model, train, r, facts)
-    host_memory = facts.need("host_memory_bytes") if host else facts.host_memory_bytes
     moved = host * train.microbatches  # every micro-batch writes and reads its own
+    if moved and facts.host_link_bandwidth is None and not facts.traits.offload_overlaps_compute:
+        facts.need("host_link_bandwidth")  # copies that wait: no bandwidth makes them free
     if compute_efficiency is None:
         compute_efficiency = calibration("compute_efficiency", facts.platform)
     if intensity is None:
@@ -198,6 +221,12 @@ def estimate_parts(
     for _, size in r.sizes:
         devices *= size
     peak = sum(at_peak.values())
+    profile = hardware_profile(facts.hardware)
+    assumes, link = host_conditions(facts, profile, host, moved, t)
+    host_memory = facts.host_memory_bytes
+    verdict = _band.fit_verdict(peak, facts.hbm_bytes, _band.memory_band(facts.platform))
+    if host and host_memory is not None and host > host_memory:
+        verdict = _band.DOES_NOT_FIT
     return Estimate(
         hardware=facts.hardware,
         mesh=dict(r.sizes),
@@ -214,7 +243,13 @@ def estimate_parts(
         hbm_bytes=int(facts.hbm_bytes),
         host_bytes=host,
         host_memory_bytes=None if host_memory is None else int(host_memory),
-        fits=peak <= facts.hbm_bytes and (not host or host <= (host_memory or 0)),
+        fits=peak <= facts.hbm_bytes and (not host or host <= (host_memory or host)),
+        verdict=verdict,
+        confirm=(
+            _band.compile_command(facts, r, factors, model, train)
+            if verdict == _band.UNSURE
+            else None
+        ),
         flops=flops,
         recompute_flops=recompute,
         model_flops=model_flops,
@@ -222,13 +257,15 @@ def estimate_parts(
         time=t,
         axes=axes,
         offload_bytes=moved,
-        offload_seconds=moved / facts.need("host_link_bandwidth") if moved else 0.0,
+        offload_seconds=moved / link if moved else 0.0,
         offload_exposed_seconds=t.offload,
         step_seconds=step,
         tokens_per_second=train.global_batch * model.seq_len / devices / step,
         mfu=model_flops / (step * facts.peak_flops),
         bottleneck=_bottleneck(t, axes),
-        profile=hardware_profile(facts.hardware),
+        profile=profile,
+        assumes=assumes,
+        given={g.name: g.text for g in facts.given},
     )
 
 

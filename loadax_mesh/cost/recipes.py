@@ -18,6 +18,7 @@ from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles, check_fit
 from ..workload.spec import ModelSpec, TrainSpec
+from .band import memory_band
 from .memory import host_bytes, memory_floor, memory_terms, phases
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
@@ -44,6 +45,9 @@ class Recipe:
 
     train: TrainSpec
     terms: dict[str, int]
+    # over the headroom's limit, but not beyond what the model's measured error allows
+    # (cost/band.py): kept, marked, ranked after the recipes within the limit
+    beyond: bool = False
 
 
 def recipe_space(
@@ -72,8 +76,16 @@ def _hashable(remat: Any) -> Remat:
 
 
 def missing_host_facts(facts: DeviceFacts) -> list[str]:
-    """The catalogue facts an offloading recipe needs that `facts` lacks (host memory to judge
-    its fit, the host link to price its copies); none: offloads are searched."""
+    """The catalogue facts an offloading recipe needs that `facts` lacks and no condition
+    answers for (cost/conditions.py: copies that wait on the host link cost what it makes
+    them); none: offloads are searched."""
+    if facts.host_link_bandwidth is None and not facts.traits.offload_overlaps_compute:
+        return ["host link bandwidth"]
+    return []
+
+
+def assumed_host_facts(facts: DeviceFacts) -> list[str]:
+    """The host facts an offloading recipe's estimate rests on a condition for."""
     host = {
         "host memory": facts.host_memory_bytes,
         "host link bandwidth": facts.host_link_bandwidth,
@@ -99,19 +111,25 @@ def fitting_recipes(
     `replicas_across_granules`: memory.memory_terms's (estimate.holds_tables). `floor`: a mesh
     whose terms no recipe changes (memory.memory_floor: parameters, optimizer state, gradient
     shards, tables, the batch) exceed the limit gets no recipe and no least at once (most
-    meshes of a large MoE)."""
+    meshes of a large MoE). Where no micro-batch count of a remat and chunk count fits the
+    headroom's limit, the fewest that the model's measured error leaves possible (cost/band.py:
+    up to the HBM times its largest overestimate) is kept, marked `beyond`."""
     out: list[Recipe] = []
     least: list[int] = []  # the peak memory of each recipe that does not fit
     limit = facts.hbm_bytes * (1 - headroom)
+    band = memory_band(facts.platform)
+    # what the compiled step may still fit in, by the model's largest measured overestimate
+    possible = max(limit, facts.hbm_bytes * (band.high if band else 1.0))
     across = replicas_across_granules
-    if floor and memory_floor(model, train, r, facts, replicas_across_granules=across) > limit:
+    if floor and memory_floor(model, train, r, facts, replicas_across_granules=across) > possible:
         return [], None
-    host_limit = (facts.host_memory_bytes or 0) * (1 - headroom)
+    host_memory = facts.host_memory_bytes  # unknown: the offload is assumed to fit
+    host_limit = math.inf if host_memory is None else host_memory * (1 - headroom)
     offloads = not missing_host_facts(facts)
     # (path, remat, M) -> terms at C = 1
     priced: dict[tuple[str, Remat, int], dict[str, int] | None] = {}
 
-    def fits(t: TrainSpec, chunks: int) -> dict[str, int] | None:
+    def fits(t: TrainSpec, chunks: int, limit: float = limit) -> dict[str, int] | None:
         key = (t.moe, t.remat, t.microbatches)
         if key not in priced:
             over = host_bytes(model, t, r, facts) > host_limit
@@ -127,6 +145,19 @@ def fitting_recipes(
             least.append(peak)
             return None
         return terms
+
+    def fewest(path: str, remat: Remat, c: int, micro: list[int], at: float) -> Recipe | None:
+        """The recipe with the fewest micro-batches whose peak is within `at`, by bisection."""
+        lo, hi, found = 0, len(micro) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            t = spec(path, remat, micro[mid])
+            terms = fits(t, c, at)
+            if terms is None:
+                lo = mid + 1
+            else:
+                found, hi = Recipe(t, terms), mid - 1
+        return found
 
     # (path, remat, C, M) found, however the remat is spelt
     seen: set[tuple[str, Remat, int, int]] = set()
@@ -154,19 +185,14 @@ def fitting_recipes(
                 chunks_ok[c] = False
         if not chunks_ok[c]:
             continue
-        lo, hi, found = 0, len(micro) - 1, None  # bisect for the fewest micro-batches
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            t = spec(path, remat, micro[mid])
-            terms = fits(t, c)
-            if terms is None:
-                lo = mid + 1
-            else:
-                found, hi = Recipe(t, terms), mid - 1
+        found = fewest(path, remat, c, micro, limit)
+        if found is None and possible > limit:
+            unsure = fewest(path, remat, c, micro, possible)
+            found = None if unsure is None else replace(unsure, beyond=True)
         if found is None or (path, first.remat, c, found.train.microbatches) in seen:
             continue
         seen.add((path, first.remat, c, found.train.microbatches))
-        out.append(Recipe(replace(found.train, logits_chunks=c), found.terms))
+        out.append(replace(found, train=replace(found.train, logits_chunks=c)))
     return out, min(least, default=None)
 
 

@@ -266,9 +266,12 @@ def step_time(
         layers * (layer_fwd + attention(fwd_pair) + tokens * elementwise_fwd / streamed) + head
     )
     offload = 0.0
-    if offload_bytes:
+    overlaps = facts.traits.offload_overlaps_compute
+    # without a host link bandwidth, TPU copies are priced as hidden: the estimate answers on
+    # that condition (cost/conditions.py); copies that wait need the fact
+    if offload_bytes and (facts.host_link_bandwidth is not None or not overlaps):
         each_way = offload_bytes / facts.need("host_link_bandwidth")
-        if facts.traits.offload_overlaps_compute:
+        if overlaps:
             offload = max(0.0, each_way - forward) + max(0.0, each_way - (compute - forward))
         else:
             offload = 2 * each_way

@@ -9,12 +9,14 @@ catalogue's facts of one device (`DeviceFacts`, base units) to a parsed hardware
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Literal, cast
 
 from ..errors import MeshConfigError
-from .catalogue import catalogue_key, host_memory_per_device
+from .catalogue import Fact, catalogue_key, host_memory_per_device
+from .given import GIVEN, Given, given_facts
 from .gpu_targets import device_hbm, gpu_pool_fraction
 from .strings import HardwareSpec, parse_hardware
 
@@ -241,6 +243,7 @@ class DeviceFacts:
     attention_share: float | None = None
     memory_share: float | None = None  # of HBM bandwidth, by the time model's byte count
     grouped_matmul_share: float | None = None  # of the peak, the dropless experts' kernel
+    given: Given = ()  # the catalogue facts the user set for this run (hardware/given.py)
 
     @property
     def platform(self) -> Platform:
@@ -253,7 +256,9 @@ class DeviceFacts:
             raise MeshConfigError(
                 f"hardware={self.hardware!r}: the catalogue has no {name.replace('_', ' ')} "
                 "(configs/hardware.toml), which this estimate needs; accepted: hardware whose "
-                "entry has it (`loadax-mesh hardware`)"
+                "entry has it (`loadax-mesh hardware`), or the fact given for the run "
+                "(--fact NAME=VALUE, facts={...}; its catalogue name per platform: "
+                "hardware/given.py)"
             )
         return float(value)
 
@@ -301,38 +306,56 @@ class HardwareProfile:
         )
 
 
-def hardware_profile(hardware: str) -> HardwareProfile:
-    """The profile of a catalogue hardware string (a MeshConfigError names what is valid)."""
+def hardware_profile(
+    hardware: str, facts: Mapping[str, str | float] | None = None
+) -> HardwareProfile:
+    """The profile of a catalogue hardware string (a MeshConfigError names what is valid), with
+    `facts` the user gives for the run in place of the catalogue's (hardware/given.py)."""
+    given: Given = ()
+    if facts:
+        given = given_facts(facts, platform=parse_hardware(hardware).platform, hardware=hardware)
     # a GPU's memory is the pool jax sizes; the facts are the catalogue's read now (user.py)
-    return _profile(hardware, gpu_pool_fraction()[0], catalogue_key())
+    return _profile(hardware, gpu_pool_fraction()[0], catalogue_key(), given)
 
 
 @cache
-def _profile(hardware: str, pool_fraction: float, _catalogue: object) -> HardwareProfile:
+def _profile(
+    hardware: str, pool_fraction: float, _catalogue: object, given: Given
+) -> HardwareProfile:
     spec = parse_hardware(hardware)
     traits = platform_traits(spec.platform)
-    device, missing = _device_facts(spec, traits)
+    device, missing = _device_facts(spec, traits, given)
     return HardwareProfile(spec=spec, traits=traits, device=device, missing=missing)
 
 
-def catalogue_profile(hardware: str | None) -> HardwareProfile | None:
-    """The profile of a hardware string, or None where it names no catalogue hardware."""
+def catalogue_profile(
+    hardware: str | None, facts: Mapping[str, str | float] | None = None
+) -> HardwareProfile | None:
+    """The profile of a hardware string, or None where it names no catalogue hardware (bad
+    `facts` for one it names raise)."""
+    if hardware is None:
+        return None
     try:
-        return None if hardware is None else hardware_profile(hardware)
+        profile = hardware_profile(hardware)
     except MeshConfigError:
         return None
+    return hardware_profile(hardware, facts) if facts else profile
 
 
 def _device_facts(
-    spec: HardwareSpec, traits: PlatformTraits
+    spec: HardwareSpec, traits: PlatformTraits, given: Given = ()
 ) -> tuple[DeviceFacts | None, str | None]:
     """The facts of one device of `spec` (TPU: a chip or TensorCore; GPU: a GPU), or None
-    and the name of the missing fact."""
+    and the name of the missing fact; a fact in `given` in place of the catalogue's."""
     per_chip = spec.devices_per_chip
+    by_user = {g.name: Fact(g.value, (GIVEN,), g.unit) for g in given}
+
+    def fact(name: str) -> Fact | None:
+        return by_user.get(name) or spec.fact(name)
 
     def base(name: str, divide: float = 1.0) -> float | None:
-        fact = spec.fact(name)
-        return None if fact is None or fact.base is None else fact.base / divide
+        found = fact(name)
+        return None if found is None or found.base is None else found.base / divide
 
     peak = base("peak_bf16", per_chip)
     hbm = device_hbm(spec.type)
@@ -345,6 +368,7 @@ def _device_facts(
         hbm_bytes=hbm,
         host_memory_bytes=host_memory_per_device(spec.type),
         host_link_bandwidth=base("host_link_bandwidth", per_chip),
+        given=given,
     )
     if traits.tiled_memory:  # a TPU: ICI links of its torus, DCN shared by a host's chips
         return DeviceFacts(
@@ -366,16 +390,15 @@ def _device_facts(
         dcn_bandwidth=base("network_per_gpu"),
         dcn_latency=base("network_latency"),
         tile=None,
-        matmul_share=_share(spec, "matmul_share"),
-        attention_share=_share(spec, "attention_share"),
-        memory_share=_share(spec, "memory_share"),
-        grouped_matmul_share=_share(spec, "grouped_matmul_share"),
+        matmul_share=_share(fact("matmul_share")),
+        attention_share=_share(fact("attention_share")),
+        memory_share=_share(fact("memory_share")),
+        grouped_matmul_share=_share(fact("grouped_matmul_share")),
     ), None
 
 
-def _share(spec: HardwareSpec, name: str) -> float | None:
+def _share(fact: Fact | None) -> float | None:
     """A dimensionless catalogue fact (a share of the peak), None where not known."""
-    fact = spec.fact(name)
     return None if fact is None or fact.value is None else float(fact.value)
 
 

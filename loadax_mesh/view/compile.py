@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..hardware.given import GIVEN
 from .picture import shape_text
 from .report import size_text, text_table
 
@@ -19,6 +20,7 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
         f"compiled   {report.model}, global batch {report.global_batch}, remat {report.remat}, "
         f"attention {report.attention}",
         f"hardware   {report.hardware}; mesh {mesh}",
+        *(f"given      {k} = {v} ({GIVEN})" for k, v in report.given.items()),
         *(f"note       {n}" for n in notes),
         f"time       {report.compile_seconds:.1f} s",
         "",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..cost.band import DOES_NOT_FIT, FITS, UNSURE, memory_band
+from ..hardware.given import GIVEN
 from .picture import shape_text
 from .report import size_text, text_table
 
@@ -38,20 +40,37 @@ def ranking_text(ranking: Ranking) -> str:
                 f"{e.remat} x{e.microbatches}"
                 + (f" /{e.logits_chunks}" * (e.logits_chunks > 1))
                 + (f" {e.moe}" if e.moe else ""),
-                f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB",
+                f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB"
+                + " (?)" * c.beyond_headroom,
                 f"{e.host_bytes / 1e9:.1f} GB" if e.host_bytes else "-",
-                f"{e.step_seconds:.3f} s",
+                f"{e.step_seconds:.3f} s" + " (if)" * bool(e.assumes),
                 f"{e.mfu:.2f}",
                 e.bottleneck,
             ]
         )
     pruned = ", ".join(f"{n} {why}" for why, n in ranking.pruned.items()) or "none"
     unsearched = "".join(f"; not searched: {what}" for what in ranking.unsearched)
+    assumed = "".join(f"; {what}" for what in ranking.assumed)
     moe = " MoE-path" if any(c.estimate.moe for c in ranking) else ""
+    marks = []
+    if any(c.beyond_headroom for c in ranking):
+        marks.append(
+            "(?) memory over the headroom's limit but within the model's error of fitting: "
+            "ranked last, compile to confirm"
+        )
+    conditions: dict[str, list[str]] = {}  # a condition, without its step -> its rows
+    for k, c in enumerate(ranking, 1):
+        for a in c.estimate.assumes:
+            conditions.setdefault(a.split("; at that bandwidth")[0], []).append(str(k))
+    marks += [
+        f"(if) {', '.join(rows)}. {text}; each step as priced at that bandwidth"
+        for text, rows in conditions.items()
+    ]
     return (
         f"ranking    {ranking.considered} shapes x ICI/DCN splits considered; pruned: {pruned}; "
-        f"{ranking.planned} planned on the real rings{unsearched}; recipe: remat x "
+        f"{ranking.planned} planned on the real rings{unsearched}{assumed}; recipe: remat x "
         f"micro-batches [/ logits chunks]{moe}\n{text_table(rows)}"
+        + "".join(f"\n           {m}" for m in marks)
     )
 
 
@@ -62,8 +81,14 @@ def ranking_data(ranking: Ranking) -> dict[str, Any]:
         "pruned": ranking.pruned,
         "planned": ranking.planned,
         "unsearched": ranking.unsearched,
+        "assumed": ranking.assumed,
         "choices": [
-            {"ici_mesh_shape": list(c.ici), "dcn_mesh_shape": list(c.dcn), **c.estimate.to_dict()}
+            {
+                "ici_mesh_shape": list(c.ici),
+                "dcn_mesh_shape": list(c.dcn),
+                "beyond_headroom": c.beyond_headroom,
+                **c.estimate.to_dict(),
+            }
             for c in ranking
         ],
     }
@@ -72,17 +97,23 @@ def ranking_data(ranking: Ranking) -> dict[str, Any]:
 def estimate_text(e: Estimate, notes: list[str]) -> str:
     """One estimate's breakdown: memory terms and phases, compute, each axis's collectives."""
     mesh = shape_text(e.mesh)
-    verdict = "fits" if e.fits else "does NOT fit"
+    verdict = "does NOT fit" if e.verdict == DOES_NOT_FIT else e.verdict
+    if e.verdict == UNSURE:
+        verdict += ": compile to confirm"
     host = "?" if e.host_memory_bytes is None else size_text(e.host_memory_bytes)
+    band = memory_band(e.profile.platform)
     lines = [
         f"estimate   {e.model}, global batch {e.global_batch} on {e.hardware}",
         f"recipe     remat {e.remat}, microbatches {e.microbatches}, logits chunks "
         f"{e.logits_chunks}" + (f", moe {e.moe}" if e.moe else ""),
         f"mesh       {mesh}",
+        *(f"given      {k} = {v} ({GIVEN})" for k, v in e.given.items()),
         *(f"note       {n}" for n in notes),
         "",
         f"memory     {size_text(e.memory_bytes)} per device of {size_text(e.hbm_bytes)}, host "
         f"{size_text(e.host_bytes)} of {host}: {verdict}",
+        *([f"           ({band.text()})"] if band is not None and e.verdict != FITS else []),
+        *([f"confirm    {e.confirm}"] if e.confirm else []),
         "           "
         + ", ".join(f"{k} {size_text(v)}" for k, v in e.memory.items() if v)
         + f" (live at the peak: the {max(e.phases, key=lambda p: e.phases[p])})",
@@ -114,6 +145,7 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
     lines += [
         f"step       {e.step_seconds * 1e3:.1f} ms; {e.tokens_per_second:,.0f} tokens/s a device;"
         f" MFU {e.mfu:.2f}; bottleneck: {e.bottleneck}",
+        *(f"assumes    {a}" for a in e.assumes),
         f"overlap    {e.overlap}",
     ]
     return "\n".join(lines)

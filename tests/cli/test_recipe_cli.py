@@ -103,8 +103,8 @@ def test_compile_takes_the_recipe_flags(capsys, monkeypatch):
 
     seen = []
 
-    def fake(plan, model, train):  # the compile itself is tested in tests/compiler
-        seen.append(train)
+    def fake(plan, model, train, *, facts):  # the compile itself is tested in tests/compiler
+        seen.append((train, facts))
         raise SystemExit(0)
 
     monkeypatch.setattr(report, "compile_step", fake)
@@ -112,7 +112,8 @@ def test_compile_takes_the_recipe_flags(capsys, monkeypatch):
     flags = ["--remat", "layer_input=offload,mlp_in=device", "--microbatches", "2"]
     code, _, _ = run(capsys, *argv, "--global-batch", "16", *flags, "--logits-chunks", "4")
     assert code == 0 and len(seen) == 1
-    t = seen[0]
+    t, facts = seen[0]
+    assert facts is None
     assert (t.remat_text, t.microbatches, t.logits_chunks) == (
         "layer_input=offload,mlp_in=device",
         2,
@@ -124,4 +125,4 @@ def test_compile_takes_the_recipe_flags(capsys, monkeypatch):
     best = choose_mesh(
         "tpu-v5p-16", "tiny", TrainSpec(global_batch=16), recipes=[{"remat": "dots"}]
     )
-    assert code == 0 and seen[1] == best[0].train
+    assert code == 0 and seen[1] == (best[0].train, None)

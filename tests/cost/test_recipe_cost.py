@@ -176,22 +176,25 @@ def test_host_memory_judges_fit_and_missing_facts_are_named():
     plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5litepod-256"))
     e = estimate(plan, ModelSpec.from_name("llama3-70b"), TrainSpec(global_batch=2048,
                                                                     remat="offload"))  # fmt: skip
-    assert e.host_bytes > e.host_memory_bytes and not e.fits
-    # v4's catalogue entry has no host memory: an offload cannot be judged there
+    assert e.host_bytes > e.host_memory_bytes and not e.fits and e.verdict == "does not fit"
+    # v4's catalogue entry has no host memory: an offload's estimate says what a host must hold
     plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v4-32"))
-    with pytest.raises(MeshConfigError, match="the catalogue has no host memory bytes"):
-        estimate(plan, SMALL, TrainSpec(global_batch=16, remat="offload"))
+    v4 = estimate(plan, SMALL, TrainSpec(global_batch=16, remat="offload"))
+    [condition] = v4.assumes
+    assert condition.startswith("the offloaded activations fit if a host holds >= ")
+    assert f"{v4.host_bytes / 1e9:.2f} GB a chip" in condition  # one megacore device a chip
     assert estimate(plan, SMALL, TrainSpec(global_batch=16)).host_memory_bytes is None
-    # a GB200 rack has host memory unknown and no host link: offloads are not searched there
+    # a GB200 rack has no host link: GPU copies wait, so no condition answers and offloads are
+    # not searched there
     ranking = choose_mesh("gpu-a4x-highgpu-4g-72", "tiny", TrainSpec(global_batch=72), top=1)
     assert "offload" not in ranking[0].train.placements.values()
-    # and the ranking says so, naming what is missing; TPU7x lacks the link alone
+    # and the ranking says so, naming what is missing; TPU7x's are searched on its condition
     assert ranking.unsearched == [
-        "recipes that offload to host memory (the catalogue has no host memory or host link "
-        "bandwidth for gpu-a4x-highgpu-4g-72)"
+        "recipes that offload to host memory (the catalogue has no host link bandwidth for "
+        "gpu-a4x-highgpu-4g-72; --fact sets it)"
     ]
     ironwood = choose_mesh("tpu-7x-8", "tiny", TrainSpec(global_batch=8), top=1)
-    assert "no host link bandwidth for tpu-7x-8" in ironwood.unsearched[0]
+    assert ironwood.unsearched == [] and "host link bandwidth" in ironwood.assumed[0]
     assert choose_mesh("tpu-v5p-8", "tiny", TrainSpec(global_batch=8), top=1).unsearched == []
 
 
