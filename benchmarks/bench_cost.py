@@ -264,7 +264,7 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     compile here can redo), every row's estimate recomputed by the cost model as it is now."""
     import tomllib
 
-    from loadax_mesh.cost.band import referee_estimate
+    from loadax_mesh.cost.referees import referee_estimate
 
     kept = []
     if path.exists():

@@ -339,7 +339,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
     from ..hardware.detect import generic_selector, match_catalogue
     from ..hardware.devices import read_devices
-    from ..hardware.profile import platform_traits
+    from ..hardware.traits import platform_traits
     from ..view.report import catalogue_lines, text_table
 
     devices = _jax_devices()

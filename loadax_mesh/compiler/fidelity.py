@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from ..hardware.devices import DeviceTable, read_devices
-from ..hardware.profile import platform_traits
 from ..hardware.strings import list_hardware, parse_hardware, simulate_devices
 from ..hardware.topology import DIFFERENCES
+from ..hardware.traits import platform_traits
 
 ATTRIBUTES = ("count", "device_kind", "process_index", "slice_index", "coords", "core_on_chip")
 RAW = ("slice_index", "coords")  # GPU: compared as the devices carry them, too ("raw ...")

@@ -24,12 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..hardware.catalogue import host_memory_per_device
 from ..hardware.gpu_targets import device_hbm
-from ..hardware.profile import (
-    HardwareProfile,
-    attention_kernel,
-    catalogue_profile,
-    platform_traits,
-)
+from ..hardware.profile import HardwareProfile, catalogue_profile
+from ..hardware.traits import attention_kernel, platform_traits
 from .flops import step_flops
 from .hlo import Collective, HloText, collectives
 from .host_split import across_bytes

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from functools import lru_cache, partial
 
-from ..hardware.profile import DeviceFacts, attention_kernel
+from ..hardware.profile import DeviceFacts
+from ..hardware.traits import attention_kernel
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from .layer_memory import layer_bytes, layer_weights, working_bytes

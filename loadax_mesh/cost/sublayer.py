@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..hardware.profile import PlatformTraits
+from ..hardware.traits import PlatformTraits
 from ..workload.layout import regathered_weights
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 

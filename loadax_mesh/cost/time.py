@@ -49,7 +49,8 @@ from typing import Any
 
 from .._configs import config_path
 from ..errors import MeshConfigError
-from ..hardware.profile import DeviceFacts, Platform
+from ..hardware.profile import DeviceFacts
+from ..hardware.traits import Platform
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..hardware.profile import platform_traits
+from ..hardware.traits import platform_traits
 from .axes import named_roles, trainer_axes
 from .order import OrderComparison, compare_order
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
-from ..hardware.profile import attention_kernel, platform_traits
+from ..hardware.traits import attention_kernel, platform_traits
 from ..workload.layout import check_modelled
 from ..workload.model import ModelSpec
 from .axes import named_roles, trainer_axes

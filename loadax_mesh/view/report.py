@@ -17,9 +17,9 @@ import numpy as np
 
 from ..errors import MeshConfigError
 from ..hardware.detect import match_catalogue
-from ..hardware.profile import platform_traits
 from ..hardware.strings import catalogue_spec
 from ..hardware.tori import wraparound
+from ..hardware.traits import platform_traits
 from ..hardware.words import count_text
 from ..jobs.batch import shard_blocks
 from .picture import PlanView, render_grid, render_svg, shape_text

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..hardware.profile import attention_kernel
+from ..hardware.traits import attention_kernel
 from .layout import Roles, splash_blocks
 
 

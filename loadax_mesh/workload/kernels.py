@@ -25,7 +25,7 @@ import jax
 from jax.sharding import Mesh
 
 from ..errors import MeshConfigError
-from ..hardware.profile import platform_traits
+from ..hardware.traits import platform_traits
 
 GroupedMatmul = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 INSTALL = "pip install 'loadax-mesh[gpu]' (tokamax, the grouped-matmul kernels for GPU)"

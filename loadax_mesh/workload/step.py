@@ -24,7 +24,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..hardware.profile import platform_traits
+from ..hardware.traits import platform_traits
 from .attention import attention
 from .kernels import traced_for
 from .layout import Roles, check_fit, param_shapes, regathered, roles
