@@ -50,7 +50,10 @@ def test_estimate_needs_a_model_and_batch(capsys):
     assert code == 2 and "model='gpt5' is not a known model" in err
 
 
-def test_workload_flags_name_what_is_missing_and_plan_reads_them_only_for_auto(capsys):
+def test_workload_flags_name_what_is_missing_and_plan_reads_them_only_for_auto(capsys, monkeypatch):
+    from loadax_mesh.hardware import topology
+
+    monkeypatch.setattr(topology, "topology_devices", simulate_devices)  # no libtpu client here
     code, _, err = run(capsys, "plan", "tpu-v5p-512", "--strategy", "auto", "--model", "tiny")
     assert code == 2 and "plan --strategy auto needs --global-batch B (to choose" in err
     assert "--model M" not in err

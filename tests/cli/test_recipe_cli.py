@@ -108,6 +108,9 @@ def test_compile_takes_the_recipe_flags(capsys, monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr(report, "compile_step", fake)
+    from loadax_mesh.hardware import topology
+
+    monkeypatch.setattr(topology, "topology_devices", simulate_devices)  # no libtpu client here
     argv = ["compile", "tpu-v5p-16", "--strategy", "fsdp", "--model", "tiny"]
     flags = ["--remat", "layer_input=offload,mlp_in=device", "--microbatches", "2"]
     code, _, _ = run(capsys, *argv, "--global-batch", "16", *flags, "--logits-chunks", "4")

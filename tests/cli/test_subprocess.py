@@ -90,6 +90,7 @@ def test_python_m_json_and_error():
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_local_devices_in_a_fresh_process():
     done = run(
         [*cli(), "plan", "--devices", "local", "--strategy", "dp", "--format", "json"],
@@ -136,6 +137,7 @@ def test_launch_then_plan_local_devices_of_the_whole_job():
     assert [r["ranges"] for r in data["host_rows"]] == [[[0, 4]], [[4, 8]]]
 
 
+@pytest.mark.slow
 def test_local_devices_without_the_platform_is_one_line():
     done = run([*cli(), "plan", "--devices", "local", "--strategy", "fsdp"])  # tpu, no TPU
     assert done.returncode == 2 and done.stdout == ""

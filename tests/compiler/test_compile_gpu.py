@@ -185,6 +185,7 @@ def test_cudnn_attention_flops_by_hand():
 
 
 @pytest.mark.parametrize("hardware", [TWO_HOSTS, "tpu-v5p-16"])
+@pytest.mark.slow
 def test_plan_devices_aot(capsys, hardware):
     assert (
         main(["plan", hardware, "--strategy", "fsdp", "--devices", "aot", "--format", "json"]) == 0

@@ -10,6 +10,7 @@ from loadax_mesh.hardware.topology import topology_devices
 
 
 @pytest.mark.parametrize("hardware", catalogue_strings("tpu") + catalogue_strings("gpu"))
+@pytest.mark.slow
 def test_simulation_matches_the_compile_only_devices(hardware):
     result = compare(hardware)
     assert not result.unexplained, f"{hardware}: {result.to_dict()}"
@@ -21,6 +22,7 @@ def test_multislice_is_compared_for_the_main_generations():
         assert any(s.startswith(f"tpu-{key}-") and s.count("-") == 3 for s in strings)
 
 
+@pytest.mark.slow
 def test_a_wrong_simulation_is_caught():
     """The comparison fails on a real difference: v5p-16 stand-ins judged against v5p-32."""
     result = compare("tpu-v5p-16", topology_devices("tpu-v5p-32"))
@@ -28,6 +30,7 @@ def test_a_wrong_simulation_is_caught():
 
 
 @pytest.mark.parametrize("hardware", catalogue_strings("tpu")[::7])
+@pytest.mark.slow
 def test_libtpu_devices_are_named_exactly(hardware):
     from loadax_mesh import MeshConfig, detect_hardware
 
@@ -37,6 +40,7 @@ def test_libtpu_devices_are_named_exactly(hardware):
     assert plan.describe().startswith(f"hardware   {hardware}: ")
 
 
+@pytest.mark.slow
 def test_a_missing_libtpu_says_what_to_install():
     from tests.helpers import run_python
 

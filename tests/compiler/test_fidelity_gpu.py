@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from loadax_mesh.compiler.fidelity import catalogue_strings, compare
 from loadax_mesh.hardware.topology import topology_devices
 
@@ -12,6 +14,7 @@ def test_every_gpu_instance_type_and_a_partial_rack_are_compared():
         assert hardware in strings
 
 
+@pytest.mark.slow
 def test_a_wrong_simulation_is_caught():
     """H100 stand-ins judged against H200 devices; stand-ins against devices listed backwards."""
     assert (
@@ -22,6 +25,7 @@ def test_a_wrong_simulation_is_caught():
     assert {"process_index", "ids"} <= set(backwards.unexplained)
 
 
+@pytest.mark.slow
 def test_nvlink_domains_are_granules_on_both():
     """Two NVL72 racks: 36 hosts in 2 NVLink domains, and the plans' granules are the domains,
     though XLA's devices carry slice_index 0 in both racks."""

@@ -63,6 +63,7 @@ def _ops():
 
 
 @pytest.mark.compile
+@pytest.mark.slow
 def test_scatter_add_compiles_as_sort_gather_and_sorted_scatter() -> None:
     _, text = _ops()["scatter-add"]
     assert ") sort(" in text
@@ -71,6 +72,7 @@ def test_scatter_add_compiles_as_sort_gather_and_sorted_scatter() -> None:
 
 
 @pytest.mark.compile
+@pytest.mark.slow
 def test_gather_and_scatter_add_priced_within_30_percent() -> None:
     found = _ops()
     gather = found["gather"][0]

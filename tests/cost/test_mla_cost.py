@@ -95,6 +95,7 @@ def test_no_checkpoint_keeps_more_than_full_remat():
     assert kept["full"] < kept["dots"] < kept["none"]
 
 
+@pytest.mark.slow
 def test_deepseek_v3_on_a_v5p_pod_is_planned_and_fits():
     best = choose_mesh("tpu-v5p-1024", "deepseek-v3", TrainSpec(global_batch=3072))[0]
     assert best.estimate.fits
@@ -107,6 +108,7 @@ def test_deepseek_v3_on_a_v5p_pod_is_planned_and_fits():
     assert estimate(fsdp, DS, TrainSpec(global_batch=3072, remat="offload")).fits
 
 
+@pytest.mark.slow
 def test_meshes_whose_weights_alone_do_not_fit_are_skipped_and_priced_for_the_message():
     """Most meshes of a large MoE hold more parameters, optimizer state and gradients than the
     device has (data axes replicate them): the search skips their recipes, and prices them only

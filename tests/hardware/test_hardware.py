@@ -412,6 +412,7 @@ def test_non_string_is_an_error():
 # -- scale and imports ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_large_multislice_set():
     hardware = "tpu-v5litepod-256-512"  # 131,072 devices
     devices = simulate_devices(hardware)

@@ -37,6 +37,7 @@ def test_every_gpu_kind_of_the_catalogue_has_a_target_config():
         ("gpu-a4x-highgpu-4g-8", "1x2x4"),
     ],
 )
+@pytest.mark.slow
 def test_nvlink_domains_are_partitions(hardware, topology):
     assert topology_gpu.gpu_topology_name(parse_hardware(hardware)) == topology
     devices = topology_devices(hardware)
@@ -47,6 +48,7 @@ def test_nvlink_domains_are_partitions(hardware, topology):
     assert detect_hardware(devices) == hardware  # the first catalogue entry of its kind
 
 
+@pytest.mark.slow
 def test_the_reader_takes_the_nvlink_domain_from_coords():
     """XLA's devices carry the domain in coords[0]; the planner reads it as slice_index, so two
     racks are two granules (as on the real cluster), not one and not 36 hosts."""

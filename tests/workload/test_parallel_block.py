@@ -95,6 +95,7 @@ def test_a_parallel_block_with_experts_is_refused_by_the_step():
         param_shapes(moe)
 
 
+@pytest.mark.slow
 def test_the_loss_is_the_parallel_block_written_out():
     plan = MeshConfig((1,), ("data",)).plan(jax.devices()[:1])
     train = TrainSpec(global_batch=2, compute_dtype="float32", attention="plain")

@@ -89,6 +89,7 @@ def test_the_regathered_step_trains_as_the_plain_one():
     assert (np.diff(losses[1]) < 0).all(), losses
 
 
+@pytest.mark.slow
 def test_the_projection_and_its_gradients_are_the_einsums():
     from loadax_mesh.workload.step import _regathered_projection
 
@@ -109,6 +110,7 @@ def test_the_projection_and_its_gradients_are_the_einsums():
 
 
 @pytest.mark.compile
+@pytest.mark.slow
 def test_the_step_regathers_as_its_platform_wants():
     """The compile-only TPU devices get the re-gathering step (the trait), CPU devices not."""
     from loadax_mesh.hardware.topology import topology_devices
