@@ -16,9 +16,56 @@ if TYPE_CHECKING:
 EXPORT_FORMATS = ("maxtext", "axlearn", "flax")
 
 
+# What `plan --format F` reads of the workload flags and --global-batch outside --strategy
+# auto (which reads them all, to choose the mesh): the text and json reports read --global-batch
+# (each host's rows); MaxText's keys carry the model, the batch and the recipe (--global-batch
+# needed); AXLearn's and Flax's exports are the mesh alone.
+FORMAT_READS = {
+    "text": "--global-batch (each host's rows)",
+    "json": "--global-batch (each host's rows)",
+    "maxtext": "--global-batch (needed), --model and the recipe flags (--remat, --microbatches, "
+    "--logits-chunks, --attention, --moe): MaxText's keys carry them",
+    "axlearn": "none of them: the export is the mesh alone",
+    "flax": "none of them: the export is the mesh alone",
+}
+FORMAT_HELP = (
+    "text (the report) or json, which read --global-batch for each host's rows; or an export "
+    "(docs/exports.md): maxtext, which needs --global-batch and takes --model and the recipe "
+    "flags (MaxText's keys carry them), axlearn or flax, the mesh alone (no --global-batch or "
+    "workload flag, except with --strategy auto, which reads them to choose the mesh)"
+)
+
+
+def refuse_unread_flags(args: argparse.Namespace) -> None:
+    """`plan` reads the workload flags (and, for AXLearn and Flax, --global-batch) only where
+    something uses them: given otherwise, say what the format reads."""
+    given = [
+        flag
+        for flag, value, default in (
+            ("--model", args.model, None),
+            ("--remat", args.remat, None),
+            ("--microbatches", args.microbatches, None),
+            ("--logits-chunks", args.logits_chunks, None),
+            ("--moe", args.moe, None),
+            ("--attention", args.attention, "flash"),
+            ("--fact", args.facts, []),
+        )
+        if value != default and (args.format != "maxtext" or flag == "--fact")
+    ]
+    if args.format in ("axlearn", "flax") and args.global_batch is not None:
+        given.append("--global-batch")
+    if given:
+        raise UsageError(
+            f"plan reads {given[0]} only with --strategy auto (to choose the mesh) or where the "
+            f"format uses it; --format {args.format} reads {FORMAT_READS[args.format]}; "
+            "`loadax-mesh estimate` and `loadax-mesh compile` take the workload flags for a "
+            "given strategy"
+        )
+
+
 def train_from_args(args: argparse.Namespace) -> tuple[TrainSpec, ModelSpec | None]:
     """The recipe MaxText's keys carry: `--strategy auto`'s winner where it chose one, else the
-    flags (--global-batch, --remat, --microbatches, --logits-chunks, --attention); the model
+    flags (--global-batch, --remat, --microbatches, --logits-chunks, --attention, --moe); the model
     from --model, if given."""
     from ..workload.spec import ModelSpec, TrainSpec, parse_remat
 
@@ -35,6 +82,7 @@ def train_from_args(args: argparse.Namespace) -> tuple[TrainSpec, ModelSpec | No
         "remat": None if args.remat is None else parse_remat(args.remat),
         "microbatches": getattr(args, "microbatches", None),
         "logits_chunks": getattr(args, "logits_chunks", None),
+        "moe": getattr(args, "moe", None),
     }
     given = {k: v for k, v in recipe.items() if v is not None}
     return TrainSpec(global_batch=args.global_batch, attention=args.attention, **given), model

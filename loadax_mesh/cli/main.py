@@ -23,7 +23,7 @@ from .args import (
     plan_with_notes,
     print_json,
 )
-from .export import EXPORT_FORMATS
+from .export import EXPORT_FORMATS, FORMAT_HELP, refuse_unread_flags
 
 if TYPE_CHECKING:
     from ..cost import Ranking
@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name in runs:
             command.set_defaults(run=runs[name])
             formats = ["text", "json", *(EXPORT_FORMATS if name == "plan" else ())]
-            command.add_argument("--format", default="text", choices=formats)
+            help_ = FORMAT_HELP if name == "plan" else None
+            command.add_argument("--format", default="text", choices=formats, help=help_)
     from .compile import WORKLOAD_FLAGS
 
     for name in ("plan", "compile", "estimate"):
@@ -140,8 +141,8 @@ def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | N
 
         config, ranking, source = auto_config(args)
     else:
-        if args.command == "plan" and args.format != "maxtext":  # MaxText's keys carry them
-            _refuse_workload_flags(args)
+        if args.command == "plan":
+            refuse_unread_flags(args)
         config, source = config_from_args(args, selector)
     notes = [source, *_device_notes(devices)]
     try:
@@ -152,28 +153,6 @@ def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | N
         overrides = " ".join(f"--set {item}" for item in args.overrides)
         raise MeshConfigError(f"{err} (the preset's shape after {overrides})") from None
     return plan, notes, ranking
-
-
-def _refuse_workload_flags(args: argparse.Namespace) -> None:
-    """`plan` reads the workload flags only to choose the mesh: given otherwise, say so."""
-    given = [
-        flag
-        for flag, value, default in (
-            ("--model", args.model, None),
-            ("--remat", args.remat, None),
-            ("--microbatches", args.microbatches, None),
-            ("--logits-chunks", args.logits_chunks, None),
-            ("--moe", args.moe, None),
-            ("--attention", args.attention, "flash"),
-            ("--fact", args.facts, []),
-        )
-        if value != default
-    ]
-    if given:
-        raise UsageError(
-            f"plan reads {given[0]} only with --strategy auto (to choose the mesh); "
-            "`loadax-mesh estimate` and `loadax-mesh compile` take it for a given strategy"
-        )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

@@ -56,6 +56,41 @@ def test_maxtext_format_needs_the_global_batch(capsys: pytest.CaptureFixture[str
     assert code == 2 and "--format maxtext needs --global-batch" in err
 
 
+@pytest.mark.parametrize(
+    ("fmt", "extra", "code", "said"),
+    [
+        ("maxtext", [], 2, "--format maxtext needs --global-batch"),
+        ("maxtext", ["--model", "llama3-8b"], 2, "--format maxtext needs --global-batch"),
+        ("maxtext", ["--global-batch", "256"], 0, ""),
+        ("maxtext", ["--global-batch", "256", "--model", "llama3-8b"], 0, ""),
+        ("maxtext", ["--global-batch", "256", "--fact", "hbm=10"], 2, "--format maxtext reads"),
+        ("axlearn", [], 0, ""),
+        ("axlearn", ["--model", "llama3-8b"], 2, "--format axlearn reads none of them"),
+        ("axlearn", ["--global-batch", "256"], 2, "plan reads --global-batch only with"),
+        ("flax", [], 0, ""),
+        ("flax", ["--remat", "dots"], 2, "--format flax reads none of them"),
+        ("flax", ["--global-batch", "256"], 2, "plan reads --global-batch only with"),
+        ("text", ["--global-batch", "256"], 0, ""),
+        ("json", ["--model", "llama3-8b"], 2, "--format json reads --global-batch (each host"),
+    ],
+)
+def test_one_rule_for_what_each_format_reads(capsys, fmt, extra, code, said) -> None:
+    """Outside --strategy auto a flag is taken where the format uses it and refused where not:
+    maxtext needs the batch and takes the model and recipe, the reports read the batch, and
+    axlearn and flax (the mesh alone) read neither."""
+    argv = ["plan", "tpu-v5p-512", "--strategy", "fsdp", "--format", fmt, *extra]
+    got, out, err = run(capsys, *argv)
+    assert got == code and said in err, err
+    assert (out != "") == (code == 0)
+
+
+def test_axlearn_and_flax_after_auto_take_what_chose_the_mesh(capsys) -> None:
+    auto = ["--strategy", "auto", "--model", "tiny", "--global-batch", "16"]
+    for fmt in ("axlearn", "flax"):
+        code, out, err = run(capsys, "plan", "tpu-v5p-16", *auto, "--format", fmt)
+        assert code == 0 and out.startswith("# "), err
+
+
 def test_a_plan_maxtext_cannot_express_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "cpu-8", "--shape", "2,4", "--axes", "data,stage", "--global-batch", "8"]
     code, _, err = run(capsys, *argv, "--format", "maxtext")
