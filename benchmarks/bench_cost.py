@@ -13,9 +13,10 @@ granules (NVLink domains). Targets: memory and host memory within 20%, fits agre
 within 25%.
 
     python benchmarks/bench_cost.py [--cache DIR] [--only SUBSTRING] [--recipes] [--markdown]
-        [--rows configs/memory_referees.toml]
+        [--rows configs/memory_referees.toml] [--cached]
 
-`--cache DIR` keeps each compile report as JSON and reuses it (compiles take minutes here).
+`--cache DIR` keeps each compile report as JSON and reuses it (compiles take minutes here);
+`--cached` runs only the cases it already holds.
 `--rows FILE` writes each case's estimated and compiled memory as the referee rows the fit
 verdict's error band is read from (cost/band.py); `--refresh-rows FILE` recomputes their
 estimates alone.
@@ -329,6 +330,9 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--rows", type=Path, help="write the memory referee rows (TOML) here")
     parser.add_argument(
+        "--cached", action="store_true", help="only the cases whose compile report --cache holds"
+    )
+    parser.add_argument(
         "--refresh-rows",
         type=Path,
         metavar="FILE",
@@ -349,6 +353,8 @@ def main() -> None:
     referees = []
     for case in CASES:
         if args.only not in "_".join(map(str, case)) or (args.recipes and len(case) < 7):
+            continue
+        if args.cached and not (args.cache / ("_".join(map(str, case)) + ".json")).exists():
             continue
         r = compare(case, args.cache)
         (want, got), (fit_est, fit_comp) = r["memory"], r["fits"]
