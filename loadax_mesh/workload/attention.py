@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..hardware.traits import attention_kernel
+from .kernels import shard_map_mesh
 from .layout import Roles, splash_blocks
 
 
@@ -87,7 +88,7 @@ def _splash(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, r: Roles) -> j
 
     sharded = jax.shard_map(
         local,
-        mesh=mesh,
+        **shard_map_mesh(mesh),  # inside a pipeline stage too
         in_specs=(kernel_spec, q_spec, kv_spec, kv_spec),
         out_specs=q_spec,
         check_vma=False,

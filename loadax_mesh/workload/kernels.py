@@ -57,6 +57,17 @@ def grouped_matmul(platform: str) -> GroupedMatmul:
     return run
 
 
+def shard_map_mesh(mesh: Mesh) -> dict[str, Any]:
+    """The `mesh` (and `axis_names`) keywords of a `jax.shard_map` over the axes of `mesh` the
+    trace is not manual over already: inside a pipeline stage (pipeline.py, manual over the
+    pipeline axis) the context's mesh and every other axis; elsewhere `mesh` itself."""
+    context = jax.sharding.get_abstract_mesh()
+    manual = set() if context.empty else set(context.manual_axes)
+    if not manual:
+        return {"mesh": mesh}
+    return {"mesh": context, "axis_names": frozenset(mesh.axis_names) - manual}
+
+
 @contextlib.contextmanager
 def traced_for(mesh: Mesh) -> Iterator[None]:
     """While the step is traced: for devices whose kernels read the process's own device (GPU)

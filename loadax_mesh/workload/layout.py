@@ -10,7 +10,9 @@ which divides where the expert count need not: Mixtral's 8 experts over fsdp 64,
 256 over fsdp 512). Activations: `batch` -> the batch axes, `seq` -> the sequence axis, `hidden`
 (the d_model dim of the residual stream between the layer's blocks) -> the tensor-parallel axis,
 as MaxText's `activation_embed` shards it: what a layer saves of it is cut by the tensor degree
-too. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's.
+too. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's. The `pipeline` axis
+holds pipeline stages (stages.py): the logical `stage` dim of the pipelined weights; it is no
+batch axis of the plan, but outside the pipelined layers the step runs it as one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from functools import cached_property
 
 from ..errors import MeshConfigError
 from .spec import ModelSpec, TrainSpec
+from .stages import Stages, pipeline_stages
 
 # The mesh-axis names that play each role; an axis named otherwise must be a batch axis or 1.
 ROLE_NAMES = {
@@ -29,6 +32,7 @@ ROLE_NAMES = {
     "model": ("model", "tp", "tensor"),
     "seq": ("seq", "sequence", "sequence_parallel", "sp", "context"),
     "expert": ("expert",),
+    "pipeline": ("pipeline",),
 }
 
 Logical = tuple[str | None, ...]
@@ -36,8 +40,8 @@ Logical = tuple[str | None, ...]
 
 @dataclass(frozen=True)
 class Roles:
-    """Which mesh axes shard what: batch axes (mesh order), and the FSDP, tensor, sequence and
-    expert axes (None where the mesh has none)."""
+    """Which mesh axes shard what: batch axes (mesh order), and the FSDP, tensor, sequence,
+    expert and pipeline axes (None where the mesh has none)."""
 
     sizes: tuple[tuple[str, int], ...]  # every mesh axis and its size, in mesh order
     batch: tuple[str, ...]
@@ -45,6 +49,7 @@ class Roles:
     model: str | None
     seq: str | None
     expert: str | None = None
+    pipeline: str | None = None
 
     def size(self, role: str) -> int:
         """The degree of a role: the product of the batch axes for "batch"."""
@@ -58,7 +63,7 @@ class Roles:
         """Every role's degree, found once (the cost model asks for them in its inner loops)."""
         sizes = dict(self.sizes)
         out = {"batch": math.prod(sizes[a] for a in self.batch)}
-        for role in ("fsdp", "model", "seq", "expert"):
+        for role in ("fsdp", "model", "seq", "expert", "pipeline"):
             axis = getattr(self, role)
             out[role] = 1 if axis is None else sizes[axis]
         return out
@@ -84,6 +89,7 @@ class Roles:
             "hidden": self.model,
             "seq": self.seq,
             "batch": self.batch if len(self.batch) > 1 else self.batch[0],
+            "stage": self.pipeline,
         }
         return tuple(None if name is None else table[name] for name in logical)
 
@@ -111,8 +117,8 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
         if size > 1 and axis not in batch_axes and axis not in found.values():
             accepted = ", ".join(n for names in ROLE_NAMES.values() for n in names)
             raise MeshConfigError(
-                f"mesh axis {axis!r} (size {size}) has no role in the reference step (it has no "
-                f"pipeline parallelism); accepted: batch axes, or axes named {accepted}"
+                f"mesh axis {axis!r} (size {size}) has no role in the reference step; "
+                f"accepted: batch axes, or axes named {accepted}"
             )
     expert = found["expert"]
     if expert is not None and dict(sizes)[expert] > 1 and expert not in batch_axes:
@@ -122,7 +128,15 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
             "include it"
         )
     batch = tuple(a for a, _ in sizes if a in batch_axes)
-    return Roles(sizes, batch, found["fsdp"], found["model"], found["seq"], found["expert"])
+    return Roles(
+        sizes,
+        batch,
+        found["fsdp"],
+        found["model"],
+        found["seq"],
+        found["expert"],
+        found["pipeline"],
+    )
 
 
 SPLASH_BLOCK = 512  # splash-attention block size (MaxText's default), or the sequence if shorter
@@ -276,8 +290,10 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
     """The model is one the step builds and the cost model prices (`check_modelled`: MoE
     layers with SwiGLU experts included), every sharded dim divides by its axis, the global
     batch by the batch degree, and the recipe's slices by what they slice: micro-batches each
-    device's rows, logits chunks each device's slice of the sequence."""
+    device's rows, logits chunks each device's slice of the sequence; with a pipeline axis
+    larger than 1, the pipeline fields (`stages_of`)."""
     check_modelled(model, by="the reference step and the cost model", experts=True, latent=True)
+    stages_of(model, train, r)
     batch = r.size("batch")
     if train.global_batch % batch:
         raise MeshConfigError(
@@ -360,3 +376,12 @@ def regathered_weights(model: ModelSpec, names: tuple[str, ...], m: int) -> int:
     heads cut over a tensor axis of size `m`."""
     heads = {"query": model.num_heads, "key": model.num_kv_heads, "value": model.num_kv_heads}
     return sum(model.d_model * (heads[t] // m) * model.head_dim for t in names)
+
+
+def stages_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
+    """The step's pipeline stages on these roles (`stages.pipeline_stages`, which checks them);
+    None without a pipeline axis larger than 1."""
+    if r.pipeline is None or r.size("pipeline") == 1:
+        return None
+    n, batch = r.size("pipeline"), r.size("batch")
+    return pipeline_stages(model, train, axis=r.pipeline, stages=n, batch=batch, axes=r.batch)

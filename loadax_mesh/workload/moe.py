@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from .kernels import GroupedMatmul, grouped_matmul
+from .kernels import GroupedMatmul, grouped_matmul, shard_map_mesh
 from .layout import Roles
 from .spec import ModelSpec, TrainSpec
 
@@ -115,7 +115,7 @@ def moe_mlp(
     )
     routed = jax.shard_map(
         local,
-        mesh=mesh,
+        **shard_map_mesh(mesh),  # inside a pipeline stage too
         in_specs=(tokens, P(*router), P(*w_in), P(*w_in), P(*w_out)),
         out_specs=out,
         # Pallas kernels (tokamax's on GPU) give their results no varying-axes type, which a

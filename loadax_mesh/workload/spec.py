@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import MeshConfigError
 from .model import ModelSpec as ModelSpec
-from .model import _positive
+from .model import _count, _positive
 from .model import list_models as list_models
 
 DTYPES = ("float32", "bfloat16")
@@ -131,6 +131,14 @@ class TrainSpec:
     drops the rest. `routing` "learned" follows the router; "balanced" spreads tokens evenly
     over the experts, as published MoE benchmark runs force it.
 
+    Pipeline stages (a mesh axis named `pipeline`, docs/design.md section 12):
+    `pipeline_microbatches` micro-batches flow through the stages (0: as many as stages);
+    `pipeline_repeats` 1 is GPipe, more is the circular schedule (each stage holds that many
+    non-adjacent chunks of layers: MaxText's num_pipeline_repeats, Megatron's virtual stages);
+    `pipeline_layers` how many of the last decoder layers are pipelined (0: every one), the
+    layers before them run with the pipeline axis acting as data. All three are read only on
+    a mesh whose pipeline axis is larger than 1 (`layout.check_fit` checks them there).
+
     Raises:
         MeshConfigError: when built with an invalid field (a batch that is not a positive int,
             an unknown dtype, remat policy, tensor or placement, MoE option, ...).
@@ -148,6 +156,9 @@ class TrainSpec:
     moe: str = "dropless"
     capacity_factor: float = 1.25
     routing: str = "learned"
+    pipeline_microbatches: int = 0
+    pipeline_repeats: int = 1
+    pipeline_layers: int = 0
 
     def __post_init__(self) -> None:
         _positive(self.global_batch, "global_batch")
@@ -162,6 +173,9 @@ class TrainSpec:
             object.__setattr__(self, "remat", named[0] if named else pairs)
         _positive(self.microbatches, "microbatches")
         _positive(self.logits_chunks, "logits_chunks")
+        _count(self.pipeline_microbatches, "pipeline_microbatches")
+        _positive(self.pipeline_repeats, "pipeline_repeats")
+        _count(self.pipeline_layers, "pipeline_layers")
         if self.global_batch % self.microbatches:
             raise MeshConfigError(
                 f"microbatches={self.microbatches} does not divide global_batch="

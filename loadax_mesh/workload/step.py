@@ -14,7 +14,7 @@ be `jax.ShapeDtypeStruct`s (to compile for thousands of devices without allocati
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from typing import Any
 
@@ -27,10 +27,14 @@ from jax.sharding import PartitionSpec as P
 from ..hardware.traits import platform_traits
 from .attention import attention
 from .kernels import traced_for
-from .layout import Roles, check_fit, param_shapes, regathered, roles
+from .layout import Roles, check_fit, param_shapes, regathered, roles, stages_of
 from .loss import cross_entropy_loss
-from .moe import moe_mlp, scan_layers
+from .moe import moe_mlp
+from .pipeline import decoder, to_stages
+from .remat import _regathered_projection
+from .remat import remat_policy as remat_policy
 from .spec import ModelSpec, TrainSpec
+from .stages import Stages, staged_shapes
 
 _BETAS = (0.9, 0.95)
 _EPS = 1e-8
@@ -53,13 +57,22 @@ class Step:
     # The projections (query, key, value) whose backward pass gathers the weight again
     # (`layout.regathered`).
     regathered: tuple[str, ...] = ()
+    # The pipeline over the `pipeline` axis (stages.py); `roles` then run it as a batch axis
+    # outside the pipelined layers.
+    stages: Stages | None = None
 
     def spec(self, logical: tuple[str | None, ...]) -> NamedSharding:
         return NamedSharding(self.mesh, P(*self.roles.mesh_axes(logical)))
 
     @cached_property
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]:
+        """Every parameter's shape and logical axes (pipelined layers in the stage layout)."""
+        shapes = param_shapes(self.model)
+        return shapes if self.stages is None else staged_shapes(shapes, self.stages)
+
+    @cached_property
     def param_shardings(self) -> Params:
-        return {k: self.spec(axes) for k, (_, axes) in param_shapes(self.model).items()}
+        return {k: self.spec(axes) for k, (_, axes) in self.shapes.items()}
 
     @cached_property
     def batch_sharding(self) -> NamedSharding:
@@ -67,7 +80,7 @@ class Step:
 
     def abstract_args(self) -> tuple[Any, Any, Any]:
         """ShapeDtypeStructs (with shardings) for params, optimizer state and a batch."""
-        shapes = param_shapes(self.model)
+        shapes = self.shapes
         pdt, odt = jnp.dtype(self.train.param_dtype), jnp.dtype(self.train.opt_state_dtype)
 
         def tree(dtype: Any) -> Params:
@@ -109,19 +122,23 @@ class Step:
         )
 
     def init(self, key: jax.Array) -> tuple[Params, Params]:
-        """Real, sharded parameters (scaled normal; norms 1) and a zero optimizer state."""
+        """Real, sharded parameters (scaled normal; norms 1) and a zero optimizer state; with
+        pipeline stages, the values of the step without them, in the stage layout."""
         params, opt, _ = self.abstract_args()
+        shapes = param_shapes(self.model)
+        dtype = jnp.dtype(self.train.param_dtype)
 
         def make(key: jax.Array) -> tuple[Params, Params]:
-            keys = dict(zip(params, jax.random.split(key, len(params)), strict=True))
+            keys = dict(zip(shapes, jax.random.split(key, len(shapes)), strict=True))
             p = {
                 k: (
-                    jnp.ones(a.shape, a.dtype)
+                    jnp.ones(s, dtype)
                     if k.endswith("norm")
-                    else jax.random.normal(keys[k], a.shape, a.dtype) * self._init_scale(k)
+                    else jax.random.normal(keys[k], s, dtype) * self._init_scale(k)
                 )
-                for k, a in params.items()
+                for k, (s, _) in shapes.items()
             }
+            p = p if self.stages is None else to_stages(p, self.stages)
             zeros = {k: jnp.zeros(a.shape, a.dtype) for k, a in opt["m"].items()}
             return p, {"m": zeros, "v": dict(zeros), "count": jnp.zeros((), jnp.int32)}
 
@@ -204,15 +221,17 @@ class Step:
         x = jnp.take(table, batch["tokens"], axis=0)
         # whole rows first, then each device keeps its slice of the hidden dim (no all-to-all)
         x = jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, whole), act)
-        layers = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
-        layer: Callable[..., Any] = partial(self._layer, act=act)
-        policy = remat_policy(self.train)
-        if policy is not None:
-            layer = jax.checkpoint(layer, policy=policy)
-        if self.model.num_experts:  # dense and MoE layers, two stacks (moe.py)
-            x = scan_layers(layer, x, params, self.model)
-        else:
-            x, _ = jax.lax.scan(layer, x, layers)
+        stage = self._stage  # the layer with the roles of a pipeline stage (pipeline.py)
+        x = decoder(
+            x,
+            params,
+            model=self.model,
+            stages=self.stages,
+            layer=self._checkpointed(act),
+            stage_layer=stage._checkpointed(stage.spec(("batch", "seq", "hidden"))),
+            mesh=self.mesh,
+            stage_act=stage.spec(("batch", "seq", "hidden")),
+        )
         x = _rms_norm(x, params["final_norm"])
         unembed = params["embed"].T if self.model.tied_embeddings else params["unembed"]
         return cross_entropy_loss(
@@ -226,6 +245,18 @@ class Step:
                 self.spec((None, "batch", "seq")),
             ),
         )
+
+    @cached_property
+    def _stage(self) -> Step:
+        """This step with the roles inside a pipeline stage: the pipeline axis no batch axis."""
+        r = self.roles
+        return replace(self, roles=replace(r, batch=tuple(a for a in r.batch if a != r.pipeline)))
+
+    def _checkpointed(self, act: NamedSharding) -> Callable[..., Any]:
+        """The layer, its activations in `act`, under the recipe's checkpoint policy."""
+        layer: Callable[..., Any] = partial(self._layer, act=act)
+        policy = remat_policy(self.train)
+        return layer if policy is None else jax.checkpoint(layer, policy=policy)
 
     def _layer(self, x: jax.Array, p: Params, *, act: NamedSharding) -> tuple[jax.Array, None]:
         # The layer's input named inside the checkpointed function: a policy may then offload
@@ -310,55 +341,6 @@ class Step:
         return q, k, checkpoint_name(v, "value")
 
 
-def remat_policy(train: TrainSpec) -> Any:
-    """The layer's checkpoint policy, None for no checkpoint ("none": everything saved).
-
-    "full" and "dots" keep jax's own policies (nothing saved inside the layer; matmul outputs
-    without batch dims saved), against which the memory model was calibrated; they save what
-    the per-tensor form of their placements would. Any other placement (a mapping, or
-    "offload") saves its "device" tensors in HBM and moves its "offload" ones to host memory
-    (`pinned_host`) for the backward pass; the rest is recomputed.
-    """
-    policies = jax.checkpoint_policies
-    if train.remat == "none":
-        return None
-    if train.remat == "full":
-        return policies.nothing_saveable
-    if train.remat == "dots":
-        return policies.dots_with_no_batch_dims_saveable
-    where = train.placements
-    return policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[t for t, p in where.items() if p == "device"],
-        names_which_can_be_offloaded=[t for t, p in where.items() if p == "offload"],
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
-
-
-@jax.custom_vjp
-def _regathered_projection(h: jax.Array, w: jax.Array) -> jax.Array:
-    """`bsd,dhk->bshk` of `h` and the stored weight `w` cast to h's dtype, whose backward pass
-    gathers `w` again: the barrier hides that the sharded weight is the forward's, so XLA
-    cannot reuse the gathered copy. Reused, libtpu holds the recompute's gathered q, k and v
-    through the MLP's recompute and backward (0.9 GB on GPT-3 175B at fsdp 256, which then
-    does not fit v6e's HBM); MaxText's step gathers them again. Same values as the einsum."""
-    return jnp.einsum("bsd,dhk->bshk", h, w.astype(h.dtype))
-
-
-def _regathered_forward(h: jax.Array, w: jax.Array) -> tuple[jax.Array, Any]:
-    return _regathered_projection(h, w), (h, w)
-
-
-def _regathered_backward(res: Any, g: jax.Array) -> tuple[jax.Array, jax.Array]:
-    h, w = res
-    again = jax.lax.optimization_barrier(w)
-    dh = jnp.einsum("bshk,dhk->bsd", g, again.astype(h.dtype))
-    return dh, jnp.einsum("bsd,bshk->dhk", h, g).astype(w.dtype)
-
-
-_regathered_projection.defvjp(_regathered_forward, _regathered_backward)
-
-
 def make_step(
     mesh: Mesh, model: ModelSpec, train: TrainSpec, *, batch_axes: Any, regather: bool | None = None
 ) -> Step:
@@ -371,7 +353,11 @@ def make_step(
     check_fit(model, train, r)
     if regather is None:
         regather = platform_traits(mesh.devices.flat[0].platform).regathers_attention_weights
-    return Step(mesh, model, train, r, regathered(model, train, r) if regather else ())
+    again = regathered(model, train, r) if regather else ()
+    st = stages_of(model, train, r)
+    if st is not None:  # outside the pipelined layers the pipeline axis acts as data
+        r = replace(r, batch=tuple(a for a, _ in r.sizes if a in r.batch or a == r.pipeline))
+    return Step(mesh, model, train, r, again, stages=st)
 
 
 def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:

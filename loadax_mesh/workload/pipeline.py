@@ -1,0 +1,173 @@
+"""The reference step's decoder layers, pipelined over the `pipeline` axis (docs/design.md section
+12; which layers and how they are cut: stages.py).
+
+The layers before the pipelined ones run as the step's layers always do, the pipeline axis
+acting as data (the batch split over it too). The pipelined ones run under `jax.shard_map`,
+manual over the pipeline axis only: every other axis (fsdp, tensor, expert, sequence) stays
+automatic inside a stage, sharded by the same rules as without a pipeline, so a stage's layer
+is the step's layer. Stage s holds its chunks (`stages/` weights [repeats, 1, per_chunk, ...]
+on the device) and runs one chunk an iteration; activations go from stage to stage by
+`jax.lax.ppermute` (a collective-permute on the pipeline axis), whose transpose sends the
+gradients back the other way.
+
+The schedule (MaxText's, written again here): the batch is cut into M micro-batches (row i of
+it to micro-batch i mod M) and each is one work item per repeat: item i is micro-batch i mod M
+at repeat i // M. At iteration t stage s works on item t - s, so an item moves one stage an
+iteration; the S - 1 iterations where the first or last stages have no item are the bubble,
+computed (on zeros) and thrown away. Circular (repeats R > 1): the last stage's output of item
+i comes back round to the first stage, which keeps it in a buffer of M micro-batches until
+iteration i + M, where it runs chunk r * S of the next repeat (M >= S, so it has arrived). The
+last stage's outputs of the last repeat are the pipeline's result. M * R + S - 1 iterations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .moe import scan_layers
+from .spec import ModelSpec
+from .stages import STAGED, Stages
+
+Params = dict[str, Any]
+Layer = Callable[[jax.Array, Params], tuple[jax.Array, Any]]
+
+
+def to_stages(params: Params, st: Stages) -> Params:
+    """Parameters in the layout of `layout.param_shapes` (one stack a kind) in the step's
+    stage layout (`stages.staged_shapes`); works on jax and numpy arrays."""
+    out = {}
+    prefix = st.stack + "/"
+    for name, v in params.items():
+        if not name.startswith(prefix):
+            out[name] = v
+            continue
+        if st.lead:
+            out[name] = v[: st.lead]
+        piped = v[st.lead :]
+        out[STAGED + name.removeprefix(prefix)] = piped.reshape(
+            st.repeats, st.stages, st.per_chunk, *piped.shape[1:]
+        )
+    return out
+
+
+def from_stages(params: Params, st: Stages) -> Params:
+    """`to_stages` undone: the stage layout back in the layout of `layout.param_shapes`."""
+    out = {k: v for k, v in params.items() if not k.startswith((STAGED, st.stack + "/"))}
+    for name, v in params.items():
+        if name.startswith(STAGED):
+            stack = f"{st.stack}/{name.removeprefix(STAGED)}"
+            piped = v.reshape(st.layers, *v.shape[3:])
+            out[stack] = jnp.concatenate([params[stack], piped]) if st.lead else piped
+    return out
+
+
+def decoder(
+    x: jax.Array,
+    params: Params,
+    *,
+    model: ModelSpec,
+    stages: Stages | None,
+    layer: Layer,
+    stage_layer: Layer,
+    mesh: Mesh,
+    stage_act: NamedSharding,
+) -> jax.Array:
+    """The decoder layers on the residual stream `x` [batch, seq, d_model]: `layer` (the
+    step's, the batch over the pipeline axis too) over the layers that are not pipelined,
+    then, with `stages`, `stage_layer` (the step's layer with the roles of a stage, whose
+    activations are `stage_act`) over the pipelined ones."""
+    if stages is None:
+        return _layers(layer, x, params, model)
+    lead = stages.lead_dense + stages.lead_moe
+    if lead:
+        leading = replace(model, num_layers=lead) if stages.lead_moe else model
+        x = _layers(layer, x, params, leading, moe=bool(stages.lead_moe))
+    weights = {k.removeprefix(STAGED): v for k, v in params.items() if k.startswith(STAGED)}
+    return _pipelined(stage_layer, x, weights, st=stages, mesh=mesh, act=stage_act)
+
+
+def _layers(
+    layer: Layer, x: jax.Array, params: Params, model: ModelSpec, *, moe: bool = True
+) -> jax.Array:
+    """`model`'s layers from the `layers/` and `moe_layers/` stacks, in order (the step
+    without a pipeline); `moe` False: only the dense stack."""
+    if model.num_experts and moe:
+        return scan_layers(layer, x, params, model)
+    dense = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
+    return jax.lax.scan(layer, x, dense)[0]
+
+
+def _pipelined(
+    layer: Layer, x: jax.Array, weights: Params, *, st: Stages, mesh: Mesh, act: NamedSharding
+) -> jax.Array:
+    """The pipelined layers on `x` [batch, seq, d_model] (weights [R, S, per_chunk, ...]):
+    cut into micro-batches, each device keeping its rows (as the step's gradient accumulation
+    does), run through the schedule, put back together."""
+    m, rows = st.microbatches, x.shape[0]
+    xs = jnp.moveaxis(x.reshape(rows // m, m, *x.shape[1:]), 1, 0)
+    # Every stage gets the micro-batches (only the first reads them): gathered over the
+    # pipeline axis, each still split over the stage's batch axes.
+    xs = jax.lax.with_sharding_constraint(xs, NamedSharding(mesh, P(None, *act.spec)))
+    run = jax.shard_map(
+        partial(_schedule, layer=layer, st=st),
+        mesh=mesh,
+        in_specs=(P(), P(None, st.axis)),
+        out_specs=P(st.axis),
+        axis_names=frozenset({st.axis}),
+        # The MoE block inside runs unchecked (moe.py); its cotangents are summed as the
+        # specs say: the micro-batches' over the stages (only the first's are not zero).
+        check_vma=False,
+    )
+    out = run(xs, weights)[st.stages - 1]  # the last stage's results
+    return jnp.moveaxis(out, 0, 1).reshape(x.shape)
+
+
+def _schedule(xs: jax.Array, weights: Params, *, layer: Layer, st: Stages) -> jax.Array:
+    """One stage's part of the schedule (module docstring): `xs` the micro-batches
+    [M, rows, seq, d_model], `weights` this stage's chunks [R, 1, per_chunk, ...]. Returns
+    [1, M, ...]: the pipeline's results on the last stage (zeros elsewhere)."""
+    S, R, M, axis = st.stages, st.repeats, st.microbatches, st.axis
+    stage = jax.lax.axis_index(axis)
+    chunks = {k: v[:, 0] for k, v in weights.items()}
+    # GPipe sends from each stage to the next; the circular schedule from the last to the
+    # first too.
+    ring = [(s, (s + 1) % S) for s in range(S)] if R > 1 else [(s, s + 1) for s in range(S - 1)]
+
+    def chunk(x: jax.Array, r: jax.Array) -> jax.Array:
+        w = {k: jax.lax.dynamic_index_in_dim(v, r, 0, keepdims=False) for k, v in chunks.items()}
+        return jax.lax.scan(layer, x, w)[0]
+
+    def iteration(carry: tuple[jax.Array, ...], t: jax.Array) -> tuple[Any, None]:
+        buffer, received, out = carry
+        if R > 1:  # what the last stage sent last iteration, item t - S, waits on the first
+            back = (t - S) % M
+            keep = (stage == 0) & (t >= S)
+            buffer = _put(buffer, jnp.where(keep, received, _get(buffer, back)), back)
+        item = t - stage
+        x = jnp.where(stage == 0, _get(buffer, t % M), received)
+        y = chunk(x, jnp.clip(item // M, 0, R - 1))
+        slot = item % M
+        done = (stage == S - 1) & (item >= (R - 1) * M) & (item < R * M)
+        out = _put(out, jnp.where(done, y, _get(out, slot)), slot)
+        return (buffer, jax.lax.ppermute(y, axis, ring), out), None
+
+    zeros = jnp.zeros_like(xs)
+    carry = (xs, zeros[0], zeros)
+    (_, _, out), _ = jax.lax.scan(iteration, carry, jnp.arange(st.iterations))
+    return out[None]
+
+
+def _get(a: jax.Array, i: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_index_in_dim(a, i, 0, keepdims=False)
+
+
+def _put(a: jax.Array, value: jax.Array, i: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_index_in_dim(a, value, i, 0)
