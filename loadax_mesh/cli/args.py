@@ -33,6 +33,12 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def non_negative_int(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
 PLAN_FLAGS: dict[str, tuple[dict[str, Any], str]] = {  # flag: (argparse options, help)
     "--devices": (
         {"choices": ["local", "aot", "libtpu"]},

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .args import positive_int, print_json
+from .args import non_negative_int, positive_int, print_json
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
@@ -32,6 +32,21 @@ WORKLOAD_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
         {"type": positive_int, "metavar": "M"},
         "gradient accumulation: the step's batch run in M slices (default 1; with --strategy "
         "auto: searched unless given)",
+    ),
+    "--pipeline-microbatches": (
+        {"type": non_negative_int, "metavar": "M"},
+        "a mesh with a pipeline axis: M micro-batches flow through its stages (default 0: as "
+        "many as stages)",
+    ),
+    "--pipeline-repeats": (
+        {"type": positive_int, "metavar": "R"},
+        "a mesh with a pipeline axis: each stage holds R chunks of layers (default 1: GPipe; "
+        "more: the circular schedule)",
+    ),
+    "--pipeline-layers": (
+        {"type": non_negative_int, "metavar": "N"},
+        "a mesh with a pipeline axis: the last N decoder layers are pipelined, the rest run "
+        "with the pipeline axis as data (default 0: every layer)",
     ),
     "--logits-chunks": (
         {"type": positive_int, "metavar": "C"},

@@ -34,7 +34,9 @@ def specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec]:
     chosen = getattr(args, "chosen_train", None)  # --strategy auto: the winner's recipe
     if chosen is not None:
         return ModelSpec.from_name(args.model), chosen
-    train = TrainSpec(global_batch=args.global_batch, attention=args.attention, **recipe(args))
+    train = TrainSpec(
+        global_batch=args.global_batch, attention=args.attention, **recipe(args), **stages(args)
+    )
     return ModelSpec.from_name(args.model), train
 
 
@@ -49,6 +51,12 @@ def given_facts(args: argparse.Namespace) -> dict[str, str] | None:
             raise UsageError(f"--fact {name} is given twice ({found[name]}, {value})")
         found[name] = value
     return found or None
+
+
+def stages(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline fields the flags give (--pipeline-microbatches, -repeats, -layers)."""
+    names = ("pipeline_microbatches", "pipeline_repeats", "pipeline_layers")
+    return {k: v for k in names if (v := getattr(args, k, None)) is not None}
 
 
 def recipe(args: argparse.Namespace) -> dict[str, Any]:

@@ -49,8 +49,12 @@ def refuse_unread_flags(args: argparse.Namespace) -> None:
             ("--moe", args.moe, None),
             ("--attention", args.attention, "flash"),
             ("--fact", args.facts, []),
+            ("--pipeline-microbatches", args.pipeline_microbatches, None),
+            ("--pipeline-repeats", args.pipeline_repeats, None),
+            ("--pipeline-layers", args.pipeline_layers, None),
         )
-        if value != default and (args.format != "maxtext" or flag == "--fact")
+        if value != default
+        and (args.format != "maxtext" or flag == "--fact" or flag.startswith("--pipeline"))
     ]
     if args.format in ("axlearn", "flax") and args.global_batch is not None:
         given.append("--global-batch")

@@ -127,8 +127,9 @@ def estimate(
 
     Raises:
         MeshConfigError: hardware the catalogue does not know, a fact it lacks that the
-            estimate cannot answer on a condition, a bad `facts` entry, or a model, batch or
-            recipe that does not divide over the plan's axes.
+            estimate cannot answer on a condition, a bad `facts` entry, a model, batch or
+            recipe that does not divide over the plan's axes, or pipeline stages (not priced
+            yet).
     """
     r, factors, efficiency, device = plan_parts(plan, facts)
     check_fit(model, train, r)
@@ -147,6 +148,12 @@ def plan_parts(
     profile = hardware_profile(plan.hardware, facts)
     facts_ = profile.facts_for(math.prod(plan.shape.values()))
     r = roles(tuple(plan.shape.items()), plan.batch_axis_names)
+    if r.size("pipeline") > 1:  # (the reference step builds them: workload/pipeline.py)
+        raise MeshConfigError(
+            f"mesh axis {r.pipeline!r} (size {r.size('pipeline')}) holds pipeline stages, which "
+            "the cost model does not price yet; accepted: a plan whose pipeline axis is 1 "
+            "(`compile_step` compiles the pipelined step)"
+        )
     factors = {
         a: (i, d)
         for a, i, d in zip(plan.axis_names, plan.ici_mesh_shape, plan.dcn_mesh_shape, strict=True)

@@ -32,8 +32,10 @@ ROLE_NAMES = {
     "model": ("model", "tp", "tensor"),
     "seq": ("seq", "sequence", "sequence_parallel", "sp", "context"),
     "expert": ("expert",),
-    "pipeline": ("pipeline",),
 }
+# The pipeline axis's names: a role of the step only (the cost model and the exports, which read
+# ROLE_NAMES, do not take pipeline stages yet).
+PIPELINE_NAMES = ("pipeline",)
 
 Logical = tuple[str | None, ...]
 
@@ -106,7 +108,7 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
     """The role of every mesh axis; an axis of size > 1 with no role is an error."""
     sizes = tuple((str(a), int(n)) for a, n in axis_sizes)
     found: dict[str, str | None] = {}
-    for role, names in ROLE_NAMES.items():
+    for role, names in {**ROLE_NAMES, "pipeline": PIPELINE_NAMES}.items():
         hits = [a for a, _ in sizes if a in names]
         if len(hits) > 1:
             raise MeshConfigError(
@@ -115,7 +117,7 @@ def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> R
         found[role] = hits[0] if hits else None
     for axis, size in sizes:
         if size > 1 and axis not in batch_axes and axis not in found.values():
-            accepted = ", ".join(n for names in ROLE_NAMES.values() for n in names)
+            accepted = ", ".join((*(n for v in ROLE_NAMES.values() for n in v), *PIPELINE_NAMES))
             raise MeshConfigError(
                 f"mesh axis {axis!r} (size {size}) has no role in the reference step; "
                 f"accepted: batch axes, or axes named {accepted}"

@@ -78,12 +78,13 @@ def decoder(
     layer: Layer,
     stage_layer: Layer,
     mesh: Mesh,
+    act: NamedSharding,
     stage_act: NamedSharding,
 ) -> jax.Array:
     """The decoder layers on the residual stream `x` [batch, seq, d_model]: `layer` (the
-    step's, the batch over the pipeline axis too) over the layers that are not pipelined,
-    then, with `stages`, `stage_layer` (the step's layer with the roles of a stage, whose
-    activations are `stage_act`) over the pipelined ones."""
+    step's, the batch over the pipeline axis too, its activations `act`) over the layers that
+    are not pipelined, then, with `stages`, `stage_layer` (the step's layer with the roles of
+    a stage, whose activations are `stage_act`) over the pipelined ones."""
     if stages is None:
         return _layers(layer, x, params, model)
     lead = stages.lead_dense + stages.lead_moe
@@ -91,7 +92,8 @@ def decoder(
         leading = replace(model, num_layers=lead) if stages.lead_moe else model
         x = _layers(layer, x, params, leading, moe=bool(stages.lead_moe))
     weights = {k.removeprefix(STAGED): v for k, v in params.items() if k.startswith(STAGED)}
-    return _pipelined(stage_layer, x, weights, st=stages, mesh=mesh, act=stage_act)
+    out = _pipelined(stage_layer, x, weights, st=stages, mesh=mesh, act=stage_act)
+    return jax.lax.with_sharding_constraint(out, act)
 
 
 def _layers(
@@ -117,7 +119,7 @@ def _pipelined(
     # pipeline axis, each still split over the stage's batch axes.
     xs = jax.lax.with_sharding_constraint(xs, NamedSharding(mesh, P(None, *act.spec)))
     run = jax.shard_map(
-        partial(_schedule, layer=layer, st=st),
+        partial(_schedule, dtype=x.dtype, layer=layer, st=st),
         mesh=mesh,
         in_specs=(P(), P(None, st.axis)),
         out_specs=P(st.axis),
@@ -126,14 +128,19 @@ def _pipelined(
         # specs say: the micro-batches' over the stages (only the first's are not zero).
         check_vma=False,
     )
-    out = run(xs, weights)[st.stages - 1]  # the last stage's results
+    # float32 across the shard_map's edge (exact for bfloat16): XLA:CPU in jax 0.10.2 aborts
+    # ("Invalid binary instruction opcode copy") compiling the gradient of a partly manual
+    # shard_map whose inputs or outputs are bfloat16 (the stages still send the compute dtype)
+    out = run(xs.astype(jnp.float32), weights)
+    out = out[st.stages - 1].astype(x.dtype)  # the last stage's results
     return jnp.moveaxis(out, 0, 1).reshape(x.shape)
 
 
-def _schedule(xs: jax.Array, weights: Params, *, layer: Layer, st: Stages) -> jax.Array:
+def _schedule(xs: jax.Array, weights: Params, *, dtype: Any, layer: Layer, st: Stages) -> jax.Array:
     """One stage's part of the schedule (module docstring): `xs` the micro-batches
-    [M, rows, seq, d_model], `weights` this stage's chunks [R, 1, per_chunk, ...]. Returns
-    [1, M, ...]: the pipeline's results on the last stage (zeros elsewhere)."""
+    [M, rows, seq, d_model] (float32 across the edge; kept, computed and sent in `dtype`),
+    `weights` this stage's chunks [R, 1, per_chunk, ...]. Returns [1, M, ...] (float32): the
+    pipeline's results on the last stage (zeros elsewhere)."""
     S, R, M, axis = st.stages, st.repeats, st.microbatches, st.axis
     stage = jax.lax.axis_index(axis)
     chunks = {k: v[:, 0] for k, v in weights.items()}
@@ -152,17 +159,17 @@ def _schedule(xs: jax.Array, weights: Params, *, layer: Layer, st: Stages) -> ja
             keep = (stage == 0) & (t >= S)
             buffer = _put(buffer, jnp.where(keep, received, _get(buffer, back)), back)
         item = t - stage
-        x = jnp.where(stage == 0, _get(buffer, t % M), received)
+        x = jnp.where(stage == 0, _get(buffer, t % M).astype(dtype), received)
         y = chunk(x, jnp.clip(item // M, 0, R - 1))
         slot = item % M
         done = (stage == S - 1) & (item >= (R - 1) * M) & (item < R * M)
-        out = _put(out, jnp.where(done, y, _get(out, slot)), slot)
+        out = _put(out, jnp.where(done, y.astype(out.dtype), _get(out, slot)), slot)
         return (buffer, jax.lax.ppermute(y, axis, ring), out), None
 
-    zeros = jnp.zeros_like(xs)
-    carry = (xs, zeros[0], zeros)
+    buffer = xs.astype(dtype)
+    carry = (buffer, jnp.zeros(xs.shape[1:], dtype), jnp.zeros_like(buffer))
     (_, _, out), _ = jax.lax.scan(iteration, carry, jnp.arange(st.iterations))
-    return out[None]
+    return out[None].astype(xs.dtype)
 
 
 def _get(a: jax.Array, i: jax.Array) -> jax.Array:

@@ -76,7 +76,8 @@ class Step:
 
     @cached_property
     def batch_sharding(self) -> NamedSharding:
-        return self.spec(("batch", "seq"))
+        """The batch over the plan's batch axes (a pipeline axis splits it inside the step)."""
+        return self._stage.spec(("batch", "seq"))
 
     def abstract_args(self) -> tuple[Any, Any, Any]:
         """ShapeDtypeStructs (with shardings) for params, optimizer state and a batch."""
@@ -230,6 +231,7 @@ class Step:
             layer=self._checkpointed(act),
             stage_layer=stage._checkpointed(stage.spec(("batch", "seq", "hidden"))),
             mesh=self.mesh,
+            act=act,
             stage_act=stage.spec(("batch", "seq", "hidden")),
         )
         x = _rms_norm(x, params["final_norm"])

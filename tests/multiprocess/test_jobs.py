@@ -16,10 +16,12 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 JOB = Path(__file__).with_name("job.py")
 LAUNCH_TIMEOUT = 90  # seconds the launcher allows the job (its own bound)
-WAIT = LAUNCH_TIMEOUT + 30  # seconds this test waits for the launcher
+SPARE = 30  # seconds this test waits for the launcher beyond its own bound
 
 
-def launch(nprocs: int, devices: int, *args: str) -> subprocess.CompletedProcess[str]:
+def launch(
+    nprocs: int, devices: int, *args: str, job: Path = JOB, timeout: int = LAUNCH_TIMEOUT
+) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -30,13 +32,13 @@ def launch(nprocs: int, devices: int, *args: str) -> subprocess.CompletedProcess
         "--devices-per-process",
         str(devices),
         "--timeout",
-        str(LAUNCH_TIMEOUT),
+        str(timeout),
         "--",
         sys.executable,
-        str(JOB),
+        str(job),
         *args,
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + SPARE)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,284 @@
+"""Pipeline stages in the reference step (docs/design.md section 12): on 8 CPU devices the
+pipelined step (GPipe and circular, dense and MoE, every layer or the last few pipelined)
+trains to one device's losses; its gradients are one device's; its program sends activations
+between stages by collective-permutes on the pipeline axis; the fields that do not fit are
+refused, naming the field; the cost model refuses what it does not price yet."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
+from loadax_mesh.compiler.hlo import HloText, collectives
+from loadax_mesh.compiler.replica_groups import group_axes
+from loadax_mesh.cost import choose_mesh, estimate
+from loadax_mesh.workload import TrainSpec
+from loadax_mesh.workload.layout import check_fit, roles, stages_of
+from loadax_mesh.workload.pipeline import from_stages, to_stages
+from loadax_mesh.workload.step import make_step
+
+from .losses import TINY, step_losses
+from .test_moe import MOE
+
+PIPE = ("pipeline", "fsdp")
+# Four dense layers; eight for four stages of two repeats (a layer a chunk).
+DENSE4, DENSE8 = replace(TINY, num_layers=4), replace(TINY, num_layers=8)
+MOE4, MOE8 = replace(MOE, num_layers=4), replace(MOE, num_layers=8)
+# DeepSeek's form: two dense layers first, then MoE layers with a shared expert (pipelined:
+# pipeline_layers=4). (Without the shared expert its losses part from one device's by 1e-5 at
+# the third step on a plain fsdp 8 mesh too: the learned routing's sensitivity, no pipeline's.)
+LEADING = replace(
+    MOE, name="tiny-leading", num_layers=6, first_dense_layers=2, num_shared_experts=1
+)
+
+
+def plan(shape, names=PIPE, batch=("fsdp",)):
+    return MeshConfig(shape, names, batch_axis_names=batch).plan()
+
+
+@pytest.fixture(scope="module")
+def single():
+    return MeshConfig((1,), ("data",)).plan(jax.devices()[:1])
+
+
+def losses(p, model, batch=8, **fields):
+    train = TrainSpec(global_batch=batch, learning_rate=1e-2, compute_dtype="float32", **fields)
+    return step_losses(p, model, train, batch_axes=p.batch_axis_names, steps=3)
+
+
+# Measured spread against one device over three float32 steps: below 5e-7.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "shape", "fields"),
+    [
+        (DENSE4, (2, 4), {}),
+        (DENSE8, (4, 2), {"pipeline_repeats": 2}),
+        # more micro-batches than stages: in the circular schedule each waits M - S iterations
+        # on the first stage before its next repeat
+        (DENSE4, (2, 4), {"batch": 16, "pipeline_microbatches": 4}),
+        (DENSE8, (2, 4), {"batch": 16, "pipeline_microbatches": 4, "pipeline_repeats": 2}),
+        (MOE4, (2, 4), {}),
+        (MOE8, (4, 2), {"pipeline_repeats": 2}),
+        (replace(TINY, num_layers=6), (2, 4), {"pipeline_layers": 4, "pipeline_repeats": 2}),
+        (LEADING, (4, 2), {"pipeline_layers": 4}),
+    ],
+    ids=[
+        "gpipe",
+        "circular",
+        "gpipe-4-micro",
+        "circular-4-micro",
+        "moe-gpipe",
+        "moe-circular",
+        "last-4-of-6",
+        "moe-after-dense",
+    ],
+)
+def test_the_pipelined_step_trains_like_one_device(single, model, shape, fields):
+    pipelined = plan(shape)
+    assert pipelined.devices.size == 8
+    got = losses(pipelined, model, **fields)
+    np.testing.assert_allclose(got, losses(single, model, **fields), rtol=1e-5)
+    assert (np.diff(got) < 0).all(), got
+
+
+@pytest.mark.slow
+def test_the_pipelined_gradients_are_one_devices(single):
+    """Every weight's gradient (the stage layout taken back to the stacks), not only the
+    losses: the transposed ppermutes send each stage's gradient back to the one before."""
+    model = replace(TINY, num_layers=6)
+    train = TrainSpec(
+        global_batch=8, compute_dtype="float32", pipeline_repeats=2, pipeline_layers=4
+    )
+    tokens = jax.random.randint(jax.random.key(1), (8, model.seq_len), 0, model.vocab_size)
+
+    def grads(p):
+        step = make_step(p.to_jax_mesh(), model, train, batch_axes=p.batch_axis_names)
+        params, _ = step.init(jax.random.key(0))
+        put = step.batch_sharding
+        data = {"tokens": jax.device_put(tokens, put)}
+        data["targets"] = jax.device_put(jnp.roll(tokens, -1, axis=1), put)
+        g = jax.jit(jax.grad(step.loss))(params, data)
+        return g if step.stages is None else from_stages(g, step.stages)
+
+    ours, theirs = grads(plan((2, 4))), grads(single)
+    assert set(ours) == set(theirs)
+    for name, g in theirs.items():
+        np.testing.assert_allclose(ours[name], g, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_stages_send_activations_by_collective_permutes_on_the_pipeline_axis(repeats):
+    p = plan((4, 2))
+    # float32: XLA:CPU sends bfloat16 as float32 (libtpu sends it as it is)
+    train = TrainSpec(global_batch=8, pipeline_repeats=repeats, compute_dtype="float32")
+    step = make_step(p.to_jax_mesh(), DENSE8, train, batch_axes=p.batch_axis_names)
+    hlo = HloText(step.fn.lower(*step.abstract_args()).compile().as_text())
+    shape = dict(step.mesh.shape)
+    permutes = [c for c in collectives(hlo, 8) if c.kind == "collective-permute"]
+    on_pipeline = [c for c in permutes if group_axes(c.groups, shape, pairs=True) == ("pipeline",)]
+    # forward and backward: a micro-batch's activations on a device, [rows, seq, d_model]
+    assert len(on_pipeline) >= 2, permutes
+    rows = 8 // step.stages.microbatches // 2
+    assert any(c.bytes == rows * TINY.seq_len * TINY.d_model * 4 for c in on_pipeline)
+    # the schedule's loop runs M * R + S - 1 iterations: the bubble is in the program
+    assert any(c.count == step.stages.iterations for c in on_pipeline), on_pipeline
+
+
+def test_the_stage_layout_gives_stage_s_chunks_r_times_s_plus_s():
+    p = plan((4, 2))
+    train = TrainSpec(global_batch=8, pipeline_repeats=2, pipeline_layers=8)
+    r = roles(tuple(p.shape.items()), p.batch_axis_names)
+    st = stages_of(replace(TINY, num_layers=10), train, r)
+    assert st is not None and (st.stages, st.repeats, st.per_chunk, st.lead) == (4, 2, 1, 2)
+    assert st.iterations == 4 * 2 + 4 - 1
+    stack = np.arange(10 * 3).reshape(10, 3)  # layer i's weight: row i
+    staged = to_stages({"layers/w": stack, "embed": np.ones(2)}, st)
+    assert staged["layers/w"].tolist() == stack[:2].tolist()  # the leading layers
+    for stage in range(4):
+        for repeat in range(2):
+            layer = 2 + repeat * 4 + stage
+            assert staged["stages/w"][repeat, stage, 0].tolist() == stack[layer].tolist()
+    back = from_stages(staged, st)
+    assert set(back) == {"layers/w", "embed"}
+    np.testing.assert_array_equal(back["layers/w"], stack)
+
+
+def test_the_pipeline_axis_has_the_pipeline_role():
+    r = roles((("pipeline", 2), ("fsdp", 4)), ("fsdp",))
+    assert r.pipeline == "pipeline" and r.size("pipeline") == 2 and r.batch == ("fsdp",)
+    assert r.mesh_axes((None, "stage", None, "embed")) == (None, "pipeline", None, "fsdp")
+    step = make_step(
+        plan((2, 4)).to_jax_mesh(), DENSE4, TrainSpec(global_batch=8), batch_axes=("fsdp",)
+    )
+    # the batch comes in over the plan's batch axes; outside the pipelined layers the
+    # pipeline axis splits it too
+    assert step.batch_sharding.spec[0] == "fsdp"
+    assert step.spec(("batch", "seq")).spec[0] == ("pipeline", "fsdp")
+    assert step.param_shardings["stages/wq"].spec[:2] == (None, "pipeline")
+    assert step.abstract_args()[0]["stages/wq"].shape == (1, 2, 2, 128, 8, 16)
+    # a pipeline axis of size 1 is no pipeline: the fields are not read
+    one = make_step(
+        MeshConfig((1, 8), PIPE, batch_axis_names=("fsdp",)).create_device_mesh(),
+        DENSE4,
+        TrainSpec(global_batch=8, pipeline_repeats=3),
+        batch_axes=("fsdp",),
+    )
+    assert one.stages is None and "layers/wq" in one.param_shardings
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"pipeline_microbatches": -1}, "pipeline_microbatches=-1; accepted: a non-negative"),
+        ({"pipeline_repeats": 0}, "pipeline_repeats=0; accepted: a positive integer"),
+        ({"pipeline_repeats": -2}, "pipeline_repeats=-2; accepted: a positive integer"),
+        ({"pipeline_layers": -4}, "pipeline_layers=-4; accepted: a non-negative integer"),
+        ({"pipeline_layers": 2.0}, "pipeline_layers=2.0; accepted: a non-negative integer"),
+    ],
+)
+def test_a_train_spec_refuses_negative_pipeline_fields(fields, message):
+    with pytest.raises(MeshConfigError, match=message):
+        TrainSpec(global_batch=8, **fields)
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "fields", "message"),
+    [
+        (
+            replace(TINY, num_layers=6),
+            (4, 2),
+            {},
+            r"pipeline_layers=0 \(6 layers pipelined\) does not divide into 4 stages "
+            r"\(pipeline axis 'pipeline'\) x pipeline_repeats=1 chunks; accepted: a layer "
+            "count that is a multiple of 4",
+        ),
+        (
+            DENSE8,
+            (2, 4),
+            {"pipeline_repeats": 3},
+            r"pipeline_layers=0 \(8 layers pipelined\) does not divide into 2 stages .* x "
+            "pipeline_repeats=3 chunks",
+        ),
+        (
+            DENSE8,
+            (2, 4),
+            {"pipeline_layers": 3},
+            r"pipeline_layers=3 \(3 layers pipelined\) does not divide",
+        ),
+        (
+            DENSE4,
+            (2, 4),
+            {"pipeline_layers": 6},
+            "pipeline_layers=6 is more than model 'tiny'.s num_layers=4; accepted: 0",
+        ),
+        (
+            DENSE4,
+            (4, 2),
+            {"pipeline_microbatches": 2},
+            "pipeline_microbatches=2 is fewer than the 4 stages of the pipeline axis "
+            "'pipeline'; accepted: 0 .as many as stages. or at least 4",
+        ),
+        (
+            DENSE4,
+            (2, 4),
+            {"pipeline_microbatches": 3},
+            r"pipeline_microbatches=3 \(3 micro-batches\) does not divide the batch each stage "
+            r"sees, 8 rows, into micro-batches its batch axes \(fsdp: 4\) split evenly; "
+            r"accepted: 0 or a count of at least 2 that divides 2, e.g. \[2\]",
+        ),
+        (
+            replace(MOE, num_layers=4, first_dense_layers=1, moe_every=2),
+            (2, 4),
+            {"pipeline_layers": 2},
+            "pipeline_layers=2: model 'tiny-moe'.s last 2 layers mix dense and MoE layers.*"
+            r"accepted: a count of last layers all of one kind \(up to 1\)",
+        ),
+    ],
+)
+def test_pipeline_fields_that_do_not_fit_the_plan_are_refused(model, shape, fields, message):
+    p = plan(shape)
+    train = TrainSpec(global_batch=8, **fields)
+    with pytest.raises(MeshConfigError, match=message):
+        make_step(p.to_jax_mesh(), model, train, batch_axes=p.batch_axis_names)
+
+
+def test_the_pipeline_axis_is_no_batch_axis_and_the_batch_must_split_over_it():
+    r = roles((("pipeline", 2), ("fsdp", 4)), ("pipeline", "fsdp"))
+    with pytest.raises(
+        MeshConfigError,
+        match=r"batch_axis_names \['pipeline', 'fsdp'\] include the pipeline axis 'pipeline' "
+        r"\(size 2\).*accepted: batch axes without it",
+    ):
+        check_fit(DENSE4, TrainSpec(global_batch=8), r)
+    r = roles((("pipeline", 2), ("fsdp", 4)), ("fsdp",))
+    with pytest.raises(
+        MeshConfigError,
+        match=r"global_batch=4 .* does not divide over the pipeline axis 'pipeline' \(2\) and "
+        r"the batch axes \(4\).*accepted: a multiple of 8",
+    ):
+        check_fit(DENSE4, TrainSpec(global_batch=4), r)
+
+
+def test_the_cost_model_refuses_pipeline_stages_it_does_not_price_yet():
+    staged = MeshConfig.from_preset("pipeline_fsdp_tp", pp=2).plan(
+        simulate_devices("tpu-v5p-128-2")
+    )
+    assert staged.shape["pipeline"] == 2
+    model, train = replace(TINY, num_layers=4), TrainSpec(global_batch=64)
+    with pytest.raises(
+        MeshConfigError,
+        match=r"mesh axis .pipeline. .size 2. holds pipeline stages, which the cost model does "
+        "not price yet",
+    ):
+        estimate(staged, model, train)
+    # without stages the preset is priced as before
+    flat = MeshConfig.from_preset("pipeline_fsdp_tp").plan(simulate_devices("tpu-v5p-128"))
+    assert estimate(flat, model, train).memory_bytes > 0
+    with pytest.raises(MeshConfigError, match=r"axes=.*accepted: distinct names from"):
+        choose_mesh("tpu-v5p-128", model, train, axes=("pipeline", "fsdp"))
