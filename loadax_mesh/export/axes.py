@@ -28,12 +28,12 @@ def named_roles(
 
 
 def trainer_axes(plan: PlanView, r: Roles, names: dict[str, str], who: str) -> dict[str, str]:
-    """Plan axis (size > 1) -> the trainer's axis: the fsdp, model, seq and expert roles by
-    `names` (a role it lacks is left out), the remaining batch axis as "data"; two batch axes
-    left over are refused (a trainer has one data axis)."""
+    """Plan axis (size > 1) -> the trainer's axis: the fsdp, model, seq, expert and pipeline
+    roles by `names` (a role it lacks is left out), the remaining batch axis as "data"; two
+    batch axes left over are refused (a trainer has one data axis)."""
     out = {
         axis: names[role]
-        for role in ("fsdp", "model", "seq", "expert")
+        for role in ("fsdp", "model", "seq", "expert", "pipeline")
         if role in names and (axis := getattr(r, role)) is not None and plan.shape[axis] > 1
     }
     data = [a for a in r.data_parallel_axes() if a not in out]

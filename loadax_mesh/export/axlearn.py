@@ -23,7 +23,13 @@ if TYPE_CHECKING:
     from ..view.picture import PlanView
 
 AXES = ("pipeline", "data", "expert", "fsdp", "seq", "model")
-_ROLE_AXIS = {"fsdp": "fsdp", "model": "model", "seq": "seq", "expert": "expert"}
+_ROLE_AXIS = {
+    "fsdp": "fsdp",
+    "model": "model",
+    "seq": "seq",
+    "expert": "expert",
+    "pipeline": "pipeline",
+}
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,11 @@ def to_axlearn(plan: PlanView, *, order: bool = True) -> AXLearnConfig:
         "lost: the device order; AXLearn builds each granule's mesh with jax's mesh_utils "
         "(ring quality below)",
     ]
+    if "pipeline" in axes.values():
+        notes.append(
+            "not exported: the pipeline schedule (microbatches, repeats, which layers), which "
+            "AXLearn sets on its model's Pipeline layer (axlearn/common/pipeline.py), not the mesh"
+        )
     comparison = None
     if order:
         comparison = compare_order(

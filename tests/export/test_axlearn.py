@@ -81,3 +81,43 @@ def test_the_expert_axis_is_axlearns_expert_axis_and_splits_the_batch() -> None:
         "model": 1,
     }
     assert config.batch_axis_names == ("expert", "fsdp")
+
+
+def _pipelined(hardware: str, batch: tuple[str, ...] = ("fsdp",)) -> MeshPlan:
+    devices = simulate_devices(hardware)
+    config = MeshConfig((4, len(devices) // 4), ("pipeline", "fsdp"), batch)
+    return config.plan(devices, selector=hardware)
+
+
+@pytest.mark.parametrize(
+    ("hardware", "ici", "dcn"),
+    [
+        ("tpu-v5p-128", (4, 1, 1, 16, 1, 1), (1, 1, 1, 1, 1, 1)),
+        # two slices: the plan puts the pipeline axis across them, 2 stages a slice
+        ("tpu-v5p-128-2", (2, 1, 1, 32, 1, 1), (2, 1, 1, 1, 1, 1)),
+    ],
+)
+def test_the_pipeline_axis_is_axlearns_pipeline_axis_and_no_batch_axis(
+    hardware: str, ici: tuple[int, ...], dcn: tuple[int, ...]
+) -> None:
+    plan = _pipelined(hardware)
+    assert plan.ici_mesh_shape == (ici[0], ici[3]) and plan.dcn_mesh_shape == (dcn[0], dcn[3])
+    config = plan.to_axlearn(order=False)
+    assert (config.ici_mesh_shape, config.dcn_mesh_shape) == (ici, dcn)
+    assert config.batch_axis_names == ("fsdp",)
+    assert config.hybrid == (dcn[0] > 1)
+    scope = _run(config.text())
+    assert scope["batch_axis_names"] == ("fsdp",)
+    shape = scope["mesh_shape"]
+    assert (
+        (shape.ici_mesh_shape, shape.dcn_mesh_shape) == (ici, dcn)
+        if config.hybrid
+        else shape == ici
+    )
+    assert any("Pipeline layer" in n for n in config.notes)
+
+
+def test_a_pipeline_axis_among_the_batch_axes_is_refused() -> None:
+    plan = _pipelined("tpu-v5p-128", ("pipeline", "fsdp"))
+    with pytest.raises(MeshConfigError, match=r"include a model or pipeline axis"):
+        plan.to_axlearn(order=False)
