@@ -179,7 +179,8 @@ class MeshPlan:
 
         Returns:
             (logical axis, mesh axis or axes or None) pairs for batch, length, embed, heads,
-            kv_heads, kv, mlp and vocab: the argument of `flax.linen.logical_axis_rules`.
+            kv_heads, kv, mlp, vocab, exp, embed_no_exp and stage (the stage dim of pipelined
+            weights): the argument of `flax.linen.logical_axis_rules`.
         """
         from .export.flax_rules import to_flax_rules  # a facade: the export lives in export/
 

@@ -6,8 +6,14 @@ own mesh axes, to use with the plan's own `Mesh`, so the ring order is kept.
 -> the fsdp axis and the expert axis (which acts as fsdp outside the experts, as in MaxText);
 `heads`, `kv_heads`, `mlp`, `vocab` -> the tensor-parallel axis; `kv` (the per-head dim) is
 never sharded; `exp` (the expert dim of MoE weights) -> the expert axis; `embed_no_exp` (the
-d_model dim of expert weights, MaxText's name) -> the fsdp axis, as MaxText's rules have them.
-A role the plan lacks (or of size 1) maps to None.
+d_model dim of expert weights, MaxText's name) -> the fsdp axis, as MaxText's rules have them;
+`stage` (the stage dim of pipelined weights [repeats, stages, layers, ...], the step's
+`stages.staged_shapes`, MaxText's `layers` -> `stage`) -> the pipeline axis. A role the plan
+lacks (or of size 1) maps to None.
+
+`batch` is the plan's batch axes, as inside a pipeline stage; outside the pipelined layers the
+reference step also splits the batch over the pipeline axis (MaxText's rules for the layers it
+does not pipeline do the same), which one table of rules cannot say.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ LOGICAL_AXES = (
     "vocab",
     "exp",
     "embed_no_exp",
+    "stage",
 )
 Rule = tuple[str, str | tuple[str, ...] | None]
 
@@ -39,9 +46,9 @@ def to_flax_rules(plan: PlanView) -> tuple[Rule, ...]:
     shape = plan.shape
     r = named_roles(plan, "to_flax_rules", "shards no logical axis")
     batch = tuple(a for a in r.batch if shape[a] > 1)
-    model, fsdp, expert = (
+    model, fsdp, expert, pipeline = (
         axis if axis is not None and shape[axis] > 1 else None
-        for axis in (r.model, r.fsdp, r.expert)
+        for axis in (r.model, r.fsdp, r.expert, r.pipeline)
     )
     embed = tuple(a for a in (fsdp, expert) if a is not None)
     table: dict[str, str | tuple[str, ...] | None] = {
@@ -55,5 +62,6 @@ def to_flax_rules(plan: PlanView) -> tuple[Rule, ...]:
         "kv": None,
         "mlp": model,
         "vocab": model,
+        "stage": pipeline,
     }
     return tuple((name, table[name]) for name in LOGICAL_AXES)

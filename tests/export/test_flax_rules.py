@@ -11,6 +11,9 @@ from flax import linen as nn
 
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.errors import MeshConfigError
+from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload.layout import param_shapes, roles, stages_of
+from loadax_mesh.workload.stages import STAGED, staged_shapes
 
 
 def test_rules_follow_the_roles_of_the_plan_axes() -> None:
@@ -27,6 +30,7 @@ def test_rules_follow_the_roles_of_the_plan_axes() -> None:
         "vocab": "model",
         "exp": None,
         "embed_no_exp": "fsdp",
+        "stage": None,
     }
     sp = MeshConfig.from_preset("dp_sp").plan(simulate_devices("tpu-v5litepod-8"))
     rules = dict(sp.to_flax_rules())
@@ -128,3 +132,27 @@ def test_the_expert_dim_goes_to_the_expert_axis_and_their_d_model_to_fsdp() -> N
         MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5p-128")).to_flax_rules()
     )
     assert fsdp["exp"] is None and fsdp["embed_no_exp"] == "fsdp" and fsdp["embed"] == "fsdp"
+
+
+@pytest.mark.parametrize("hardware", ["tpu-v5p-128", "tpu-v5p-128-2"])
+def test_the_stage_dim_of_pipelined_weights_goes_to_the_pipeline_axis(hardware: str) -> None:
+    """On a pipelined plan (pipeline 4 x fsdp x tensor 2; on two slices the pipeline axis
+    crosses them) every weight of the step, its pipelined layers in the stage layout, gets
+    from the rules through Flax the PartitionSpec the step gives it."""
+    devices = simulate_devices(hardware)
+    config = MeshConfig((4, len(devices) // 8, 2), ("pipeline", "fsdp", "model"), ("fsdp",))
+    plan = config.plan(devices, selector=hardware)
+    rules = plan.to_flax_rules()
+    assert dict(rules)["stage"] == "pipeline" and dict(rules)["batch"] == "fsdp"
+    model = ModelSpec.from_name("llama3-8b")
+    r = roles(tuple(plan.shape.items()), plan.batch_axis_names)
+    st = stages_of(model, TrainSpec(global_batch=256, pipeline_repeats=2), r)
+    assert st is not None and (st.stages, st.repeats, st.per_chunk) == (4, 2, 4)
+    shapes = staged_shapes(param_shapes(model), st)
+    staged = [name for name in shapes if name.startswith(STAGED)]
+    assert staged and not any(name.startswith("layers/") for name in shapes)
+    for name, (_, logical) in shapes.items():
+        ours = jax.sharding.PartitionSpec(*r.mesh_axes(logical))
+        assert nn.logical_to_mesh_axes(logical, rules) == ours, name
+    _, logical = shapes[staged[0]]
+    assert nn.logical_to_mesh_axes(logical, rules)[1] == "pipeline"
