@@ -11,7 +11,7 @@ loss in chunks; MaxText builds its mesh with jax's `mesh_utils`. MoE (base.yml,
 docs/reference/core_concepts/moe_configuration.md): the `expert` axis shards the experts and
 acts as fsdp elsewhere; `sparse_matmul=true` is the dropless grouped-matmul path (`megablox`
 its TPU kernel), `sparse_matmul=false` with `capacity_factor` > 0 the dropping one;
-`use_random_routing` forces spread routing.
+`use_random_routing` forces spread routing. The pipeline axis: maxtext_pipeline.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
 from ..hardware.traits import attention_kernel, platform_traits
-from ..workload.layout import check_modelled
+from ..workload.layout import Roles, check_modelled
 from ..workload.model import ModelSpec
 from .axes import named_roles, trainer_axes
+from .maxtext_pipeline import pipeline_keys
 from .order import OrderComparison, compare_order
 
 if TYPE_CHECKING:
@@ -45,8 +46,15 @@ MESH_AXES = (
     "expert",
     "autoregressive",
 )
-# Our role -> MaxText's axis and the word its ici_/dcn_ keys use.
-_ROLE_AXIS = {"fsdp": "fsdp", "model": "tensor", "seq": "context", "expert": "expert"}
+# Our role -> MaxText's axis; the word its ici_/dcn_ keys use is the axis's, but for `stage`.
+_ROLE_AXIS = {
+    "fsdp": "fsdp",
+    "model": "tensor",
+    "seq": "context",
+    "expert": "expert",
+    "pipeline": "stage",
+}
+_KEY_WORD = {"stage": "pipeline"}
 # Our named tensors -> MaxText's `custom` remat keys (checkpoint_name in its llama2 decoder
 # layer, attentions.py and linears.py); mlp_in is both SwiGLU inputs, wi_0 and wi_1 (a
 # two-matrix MLP's one input is wi: TWO_MATRIX_MLP_IN).
@@ -129,26 +137,29 @@ class MaxTextConfig:
         }
 
 
-def _axis_map(plan: PlanView) -> dict[str, str]:
-    """Plan axis (size > 1) -> MaxText axis; a plan MaxText cannot express is refused."""
+def _axis_map(plan: PlanView) -> tuple[dict[str, str], Roles]:
+    """Plan axis (size > 1) -> MaxText axis, and the plan's roles; a plan MaxText cannot
+    express is refused."""
     r = named_roles(
         plan, "to_maxtext", "has no MaxText name", batch=" (-> data, fsdp)",
-        named=" (-> fsdp, tensor, context, expert)",
+        named=" (-> fsdp, tensor, context, expert, stage)",
     )  # fmt: skip
     out = trainer_axes(plan, r, _ROLE_AXIS, "to_maxtext")
     for axis, their in out.items():
         batch = axis in plan.batch_axis_names
-        if their in ("tensor", "context") and batch:
+        if their in ("tensor", "context", "stage") and batch:
+            does = "runs the pipelined layers one stage after the other, not on parts of the batch"
             raise MeshConfigError(
-                f"to_maxtext: mesh axis {axis!r} is a batch axis, but MaxText's {their} axis does "
-                "not split the batch; accepted: batch axes that are data or fsdp axes"
+                f"to_maxtext: mesh axis {axis!r} is a batch axis, but MaxText's {their} axis "
+                + (does if their == "stage" else "does not split the batch")
+                + "; accepted: batch axes that are data or fsdp axes"
             )
         if their == "fsdp" and not batch:
             raise MeshConfigError(
                 f"to_maxtext: the fsdp axis {axis!r} is no batch axis, but MaxText always splits "
                 "the batch over fsdp; accepted: a plan whose batch axes include it"
             )
-    return out
+    return out, r
 
 
 def _batch(plan: PlanView, train: TrainSpec) -> str:
@@ -271,15 +282,19 @@ def to_maxtext(
             f"{train.param_dtype!r}: MaxText keeps Adam's second moment in weight_dtype (only "
             "mu_dtype is a key); accepted: opt_state_dtype equal to param_dtype"
         )
-    axes = _axis_map(plan)
+    axes, r = _axis_map(plan)
     moe = (model is not None and model.num_experts > 0) or "expert" in plan.shape
+    staged, stage_notes = pipeline_keys(r, train, model)
+    extra = ("expert",) * moe + ("stage",) * bool(staged)
     keys: dict[str, str] = {}
     for level, sizes in (("ici", plan.ici_mesh_shape), ("dcn", plan.dcn_mesh_shape)):
-        degree = dict.fromkeys(("data", "fsdp", "tensor", "context", *(("expert",) * moe)), 1)
+        degree = dict.fromkeys(("data", "fsdp", "tensor", "context", *extra), 1)
         for name, size in zip(plan.axis_names, sizes, strict=True):
             if name in axes:
                 degree[axes[name]] = size
-        keys.update({f"{level}_{a}_parallelism": str(d) for a, d in degree.items()})
+        keys.update(
+            {f"{level}_{_KEY_WORD.get(a, a)}_parallelism": str(d) for a, d in degree.items()}
+        )
     attention = attention_kernel(train.attention, str(plan.table.platform))
     keys.update(
         {
@@ -292,6 +307,7 @@ def to_maxtext(
                 attention, "dot_product"
             ),
             **_remat(train, model),
+            **staged,
             **(_moe(train, str(plan.table.platform)) if moe else {}),
             **({} if model is None else _model(model)),
         }
@@ -302,6 +318,7 @@ def to_maxtext(
         + (" (all size 1)" if not axes else ""),
         "lost: the device order; MaxText builds its mesh with jax's mesh_utils over its own "
         "axis order (ring quality below)",
+        *stage_notes,
     ]
     if "context" in axes.values():
         notes.append(
@@ -329,10 +346,14 @@ def to_maxtext(
     )
     comparison = None
     if order:
+        mesh_axes = list(MESH_AXES)
+        if staged:  # MaxText puts stage before data when it pipelines (configs/types.py)
+            i, j = mesh_axes.index("stage"), mesh_axes.index("data")
+            mesh_axes[i], mesh_axes[j] = mesh_axes[j], mesh_axes[i]
         comparison = compare_order(
             plan,
-            {a: MESH_AXES.index(t) for a, t in axes.items()},
-            len(MESH_AXES),
+            {a: mesh_axes.index(t) for a, t in axes.items()},
+            len(mesh_axes),
             process_is_granule=plan.granule_kind == "process",
         )
         if comparison.split and comparison.theirs is not None:
