@@ -35,8 +35,9 @@ from typing import Any
 
 from loadax_mesh.compiler.report import assigned_bytes
 
-# (hardware, preset, model, global batch, recipe as TrainSpec keywords)
-# "auto": choose_mesh's winner with the recipe it chose (the recipe given is then empty); the
+# (hardware, preset, model, global batch, recipe as TrainSpec keywords, pipeline fields too)
+# "auto": choose_mesh's winner with the recipe it chose (the recipe given is then empty); a
+# name in MESHES: that mesh (shape, axis names, batch axes) rather than a preset; the
 # model a catalogue name, with integer field overrides after a colon (fewer layers compile
 # here in minutes; the export resizes MaxText's own config of the model to match)
 MIXTRAL_4L = "mixtral-8x7b:num_layers=4,seq_len=8192"  # full width, 4 of 32 layers
@@ -49,7 +50,12 @@ CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
     ("tpu-v5p-128", "fsdp", "llama3-8b", 128, {"microbatches": 2, "logits_chunks": 4}),
     ("tpu-v5p-128", "fsdp_ep", MIXTRAL_4L, 64, {}),  # fsdp 16 x expert 4, dropless
     ("tpu-v5p-16", "fsdp", MIXTRAL_4L, 8, {}),  # experts on fsdp 8 (shard_exp_on_fsdp)
+    ("tpu-v5p-128", "pipeline4_fsdp", "llama3-8b", 64, {}),  # GPipe: 4 stages x fsdp 16
 ]
+# Meshes no preset names: (mesh_shape, mesh_axis_names, batch_axis_names) of a MeshConfig.
+MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "pipeline4_fsdp": ((4, -1), ("pipeline", "fsdp"), ("fsdp",)),
+}
 TARGET = 0.25
 LOCKED = ("TPU in use", "lockfile", "libtpu_lockfile", "Resource busy")
 
@@ -59,6 +65,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from loadax_mesh import MeshConfig, choose_mesh, topology_devices, compile_step
 from loadax_mesh.workload import ModelSpec, TrainSpec
 hw, preset, model, batch, recipe = json.loads(sys.argv[1])
+mesh = json.loads(sys.argv[2])
 name, _, overrides = model.partition(":")
 fields = {k: int(v) for k, v in (item.split("=") for item in overrides.split(",") if item)}
 spec = dataclasses.replace(ModelSpec.from_name(name), **fields)
@@ -68,7 +75,8 @@ if preset == "auto":
     plan = best.config.plan(topology_devices(hw), selector=hw)
     train = best.train
 else:
-    plan = MeshConfig.from_preset(preset).plan(topology_devices(hw), selector=hw)
+    mesh_config = MeshConfig(*mesh) if mesh else MeshConfig.from_preset(preset)
+    plan = mesh_config.plan(topology_devices(hw), selector=hw)
 config = plan.to_maxtext(train, model=spec)
 report = compile_step(plan, spec, train)
 print("RESULT " + json.dumps({
@@ -117,7 +125,8 @@ def run_case(
 ) -> dict[str, Any]:
     hw = case[0]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    ours_out = _run([sys.executable, "-c", OURS, json.dumps(case)], None, env)
+    mesh = json.dumps(MESHES.get(case[1]))
+    ours_out = _run([sys.executable, "-c", OURS, json.dumps(case), mesh], None, env)
     ours = json.loads(ours_out.split("RESULT ", 1)[1].splitlines()[0])
     name, slices = topology(hw)
     cmd = [
