@@ -24,7 +24,7 @@ FORMAT_READS = {
     "text": "--global-batch (each host's rows)",
     "json": "--global-batch (each host's rows)",
     "maxtext": "--global-batch (needed), --model and the recipe flags (--remat, --microbatches, "
-    "--logits-chunks, --attention, --moe): MaxText's keys carry them",
+    "--logits-chunks, --attention, --moe, --pipeline-*): MaxText's keys carry them",
     "axlearn": "none of them: the export is the mesh alone",
     "flax": "none of them: the export is the mesh alone",
 }
@@ -53,8 +53,7 @@ def refuse_unread_flags(args: argparse.Namespace) -> None:
             ("--pipeline-repeats", args.pipeline_repeats, None),
             ("--pipeline-layers", args.pipeline_layers, None),
         )
-        if value != default
-        and (args.format != "maxtext" or flag == "--fact" or flag.startswith("--pipeline"))
+        if value != default and (args.format != "maxtext" or flag == "--fact")
     ]
     if args.format in ("axlearn", "flax") and args.global_batch is not None:
         given.append("--global-batch")
@@ -69,9 +68,10 @@ def refuse_unread_flags(args: argparse.Namespace) -> None:
 
 def train_from_args(args: argparse.Namespace) -> tuple[TrainSpec, ModelSpec | None]:
     """The recipe MaxText's keys carry: `--strategy auto`'s winner where it chose one, else the
-    flags (--global-batch, --remat, --microbatches, --logits-chunks, --attention, --moe); the model
-    from --model, if given."""
+    flags (--global-batch, --remat, --microbatches, --logits-chunks, --attention, --moe, and the
+    --pipeline-* fields); the model from --model, if given."""
     from ..workload.spec import ModelSpec, TrainSpec, parse_remat
+    from .cost import stages
 
     model = None if args.model is None else ModelSpec.from_name(args.model)
     chosen = getattr(args, "chosen_train", None)
@@ -88,7 +88,7 @@ def train_from_args(args: argparse.Namespace) -> tuple[TrainSpec, ModelSpec | No
         "logits_chunks": getattr(args, "logits_chunks", None),
         "moe": getattr(args, "moe", None),
     }
-    given = {k: v for k, v in recipe.items() if v is not None}
+    given = {k: v for k, v in recipe.items() if v is not None} | stages(args)
     return TrainSpec(global_batch=args.global_batch, attention=args.attention, **given), model
 
 

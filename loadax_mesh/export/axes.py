@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import MeshConfigError
-from ..workload.layout import ROLE_NAMES, Roles, roles
+from ..workload.layout import PIPELINE_NAMES, ROLE_NAMES, Roles, roles
 
 if TYPE_CHECKING:
     from ..view.picture import PlanView
@@ -15,9 +15,10 @@ def named_roles(
     plan: PlanView, who: str, problem: str, *, batch: str = "", named: str = ""
 ) -> Roles:
     """The plan's axis roles. An axis larger than 1 that is neither a batch axis nor named for
-    a role (ROLE_NAMES) is a MeshConfigError: `who` and `problem` say what refuses it, `batch`
+    a role (ROLE_NAMES, or the pipeline's PIPELINE_NAMES: the exports take pipelines) is a
+    MeshConfigError: `who` and `problem` say what refuses it, `batch`
     and `named` what the accepted axes become there."""
-    known = {n for names in ROLE_NAMES.values() for n in names}
+    known = {n for names in (*ROLE_NAMES.values(), PIPELINE_NAMES) for n in names}
     for name, size in plan.shape.items():
         if size > 1 and name not in known and name not in plan.batch_axis_names:
             raise MeshConfigError(

@@ -117,13 +117,14 @@ def test_the_cli_prints_a_pipelined_plans_maxtext_keys(capsys: pytest.CaptureFix
     code = main(
         [
             "plan", "tpu-v5p-128", "--shape", "4,16", "--axes", "pipeline,fsdp",
-            "--batch-axes", "fsdp", "--global-batch", "64", "--model", "llama3-8b",
-            "--format", "maxtext",
+            "--batch-axes", "fsdp", "--global-batch", "128", "--model", "llama3-8b",
+            "--pipeline-microbatches", "8", "--pipeline-repeats", "2", "--format", "maxtext",
         ]
     )  # fmt: skip
     out = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert "ici_pipeline_parallelism=4" in out and "num_layers_per_pipeline_stage=8" in out
+    assert "ici_pipeline_parallelism=4" in out and "num_layers_per_pipeline_stage=4" in out
+    assert "num_pipeline_microbatches=8" in out and "num_pipeline_repeats=2" in out
     assert "axis pipeline (4): ring efficiency ours 1.00, MaxText's mesh_utils 1.00" in "\n".join(
         out
     )
