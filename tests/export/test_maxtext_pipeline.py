@@ -128,3 +128,19 @@ def test_the_cli_prints_a_pipelined_plans_maxtext_keys(capsys: pytest.CaptureFix
     assert "axis pipeline (4): ring efficiency ours 1.00, MaxText's mesh_utils 1.00" in "\n".join(
         out
     )
+
+
+def test_the_pipeline_preset_over_two_slices_puts_its_stages_on_dcn_in_every_export() -> None:
+    hardware = "tpu-v5p-128-2"
+    config = MeshConfig.from_preset("pipeline_fsdp_tp", pp=2)
+    plan = config.plan(simulate_devices(hardware), selector=hardware)
+    assert plan.dcn_mesh_shape[plan.axis_names.index("pipeline")] == 2
+    keys = plan.to_maxtext(TrainSpec(global_batch=64), model=LLAMA, order=False).keys
+    assert (keys["ici_pipeline_parallelism"], keys["dcn_pipeline_parallelism"]) == ("1", "2")
+    assert keys["ici_tensor_parallelism"] == "4" and keys["num_layers_per_pipeline_stage"] == "16"
+    _maxtext_accepts(keys, 128, LLAMA.num_layers)
+    axlearn = plan.to_axlearn(order=False)
+    assert axlearn.dcn_mesh_shape == (2, 1, 1, 1, 1, 1)
+    assert axlearn.ici_mesh_shape == (1, 1, 1, 16, 1, 4)
+    assert axlearn.batch_axis_names == ("fsdp",)
+    assert dict(plan.to_flax_rules())["stage"] == "pipeline"
