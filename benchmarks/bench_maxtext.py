@@ -160,6 +160,7 @@ def run_case(
         "case": case,
         "ours": ours,
         "maxtext_total": theirs,
+        "maxtext_stats": stats,
         "maxtext_host": stats.get("host_temp_size_in_bytes", 0),
         "maxtext_assigned": assigned,
         # judged as compile_step judges ours on TPU: by libtpu's own assignment where dumped
@@ -194,9 +195,10 @@ HEAD = ["plan", "model x batch", "recipe", "ours GB", "MaxText GB", "ratio", "ho
 
 
 def _gb_pair(ours: int | None, theirs: int | None) -> str:
-    """Both sides' libtpu assignments and their ratio (MaxText's over ours)."""
+    """Both sides' libtpu assignments and their ratio (MaxText's over ours); "-" for a side
+    without one (ours is missing where compile_step's program does not fit)."""
     if not ours or not theirs:
-        return "-"
+        return " / ".join("-" if not b else f"{b / 1e9:.2f}" for b in (ours, theirs))
     return f"{ours / 1e9:.2f} / {theirs / 1e9:.2f} ({theirs / ours:.2f})"
 
 
@@ -218,7 +220,12 @@ def main() -> None:
         r = run_case(case, maxtext, args.python, args.keep)
         rows.append(row(r))
         print(" | ".join(rows[-1]), flush=True)
-        for line in [*r["ours"]["order"], " ".join(r["ours"]["args"])]:
+        stats = " ".join(f"{k}={v}" for k, v in r["maxtext_stats"].items() if v)
+        for line in [
+            *r["ours"]["order"],
+            f"MaxText's memory_analysis: {stats}",
+            " ".join(r["ours"]["args"]),
+        ]:
             print(f"    {line}", flush=True)
     if args.markdown:
         print(
