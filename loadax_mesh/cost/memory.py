@@ -215,7 +215,7 @@ def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
         name: sum(terms.get(k, 0) for k in (*ALWAYS, *parts)) for name, parts in PHASES.items()
     }
     worst = max(totals, key=lambda name: totals[name])
-    return totals, {*ALWAYS, *PHASES[worst]}
+    return totals, {k for k in (*ALWAYS, *PHASES[worst]) if k in terms}
 
 
 def _dp(roles: Roles) -> int:
