@@ -42,9 +42,9 @@ from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.spec import parse_remat
 
 # (hardware, preset with optional overrides "preset:axis=size", model, global batch, remat
-# [, microbatches, logits chunks]); remat as the command line writes it; the model a catalogue
-# name, with field overrides after a colon ("maxtext-2023-16b:num_layers=4": fewer layers, to
-# compile in a minute)
+# [, microbatches, logits chunks[, pipeline microbatches, pipeline repeats]]); remat as the
+# command line writes it; the model a catalogue name, with field overrides after a colon
+# ("maxtext-2023-16b:num_layers=4": fewer layers, to compile in a minute)
 MAXTEXT_8B = "layer_input=offload,query=offload,key=offload,value=offload,out_proj=offload"
 MAXTEXT_70B = "layer_input=offload,query=offload,key=offload,value=offload"
 MOE_SMALL = (
@@ -135,6 +135,12 @@ CASES: list[tuple[Any, ...]] = [
     # choose_mesh's DeepSeek-V3 pick on v5p-1024 at full width, 4 layers (3 dense, 1 MoE):
     # fsdp 512 as the published recipe, the 256 experts' d_model over it
     ("tpu-v5p-1024", "fsdp", "deepseek-v3:num_layers=4", 3072, "offload"),
+    # Pipeline stages (issue 43): LLaMA-3 8B whole in 4 stages over v5p-128, GPipe and two
+    # repeats (circular), 4 micro-batches. (Not on GPU yet: jax's cuDNN attention cannot be
+    # partitioned inside the pipeline's partly manual shard_map, and attention="plain", which
+    # compiles, is not priced by the time model; benchmarks/RESULTS.md 2026-11-29.)
+    ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 1),
+    ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 2),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 
@@ -160,11 +166,17 @@ def model_of(case: tuple[Any, ...]) -> ModelSpec:
 
 
 def train_of(case: tuple[Any, ...]) -> TrainSpec:
-    """A case's TrainSpec: its batch and recipe (micro-batches and chunks 1 where not given)."""
+    """A case's TrainSpec: its batch and recipe (micro-batches and chunks 1 where not given),
+    and its pipeline's micro-batches and repeats where given."""
     batch, remat, *recipe = case[3:]
-    micro, chunks = recipe or (1, 1)
+    micro, chunks, *pipeline = recipe or (1, 1)
+    stages = dict(zip(("pipeline_microbatches", "pipeline_repeats"), pipeline, strict=False))
     return TrainSpec(
-        global_batch=batch, remat=parse_remat(remat), microbatches=micro, logits_chunks=chunks
+        global_batch=batch,
+        remat=parse_remat(remat),
+        microbatches=micro,
+        logits_chunks=chunks,
+        **stages,
     )
 
 
@@ -173,7 +185,8 @@ def recipe_text(case: tuple[Any, ...]) -> str:
     t = train_of(case)
     text = t.remat_text.replace("layer_input", "in").replace("=offload", "=off")
     text += f" x{t.microbatches}" * (t.microbatches > 1)
-    return text + f" /{t.logits_chunks}" * (t.logits_chunks > 1)
+    text += f" /{t.logits_chunks}" * (t.logits_chunks > 1)
+    return text + f" pp R{t.pipeline_repeats}" * (len(case) > 7)
 
 
 def config(preset: str) -> MeshConfig:
@@ -232,6 +245,8 @@ def compare(case: tuple[Any, ...], cache: Path | None) -> dict[str, Any]:
         "gpu": hardware.startswith("gpu"),
         "seconds": time.perf_counter() - start,
         "plan": plan,
+        # a pipelined case: the compiled roofline is to be no longer than the estimated step
+        "roofline": (est.step_seconds, report.get("roofline_seconds")) if est.pipeline else None,
     }
 
 
@@ -369,6 +384,13 @@ def main() -> None:
                 good &= _ok(a_want, a_got, TARGETS["bytes"])
                 text += f", across granules {a_want / 1e9:.2f}/{a_got / 1e9:.2f}"
             axes.append(text + ("" if good else " MISS"))
+            ok &= good
+        if r["roofline"] is not None:
+            step, roof = r["roofline"]
+            good = roof is not None and roof <= step
+            axes.append(
+                f"roofline {roof or 0:.2f} s <= step {step:.2f} s" + ("" if good else " MISS")
+            )
             ok &= good
         hardware, preset, name, batch = r["case"][:4]
         memory = f"{want / 1e9:.2f}/{got / 1e9:.2f} ({_ratio(want, got)})"

@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
@@ -25,6 +26,16 @@ from . import mla
 from .conditions import host_conditions
 from .memory import Shapes, host_bytes, memory_terms, phases
 from .moe import expert_rows, moe_op_flops
+from .pipeline import (
+    Pipeline,
+    pipeline_axis,
+    pipeline_collectives,
+    pipeline_flops,
+    pipeline_memory_terms,
+    pipeline_of,
+    pipeline_time,
+    summary,
+)
 from .saved import runs_again
 from .time import (
     StepTime,
@@ -94,12 +105,15 @@ class Estimate:
     assumes: tuple[str, ...] = ()
     given: dict[str, str] = field(default_factory=dict)  # facts the user gave: name -> value
     overlap: str = OVERLAP
+    # pipeline stages: their bubble and schedule (cost/pipeline.py); None without
+    pipeline: Pipeline | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data: every field but the profile, whose platform it names instead."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["time"] = asdict(self.time)
         data["axes"] = {k: v.to_dict() for k, v in self.axes.items()}
+        data["pipeline"] = None if self.pipeline is None else asdict(self.pipeline)
         data["profile"] = self.profile.platform
         return deepcopy({"platform" if k == "profile" else k: v for k, v in data.items()})
 
@@ -128,8 +142,9 @@ def estimate(
     Raises:
         MeshConfigError: hardware the catalogue does not know, a fact it lacks that the
             estimate cannot answer on a condition, a bad `facts` entry, a model, batch or
-            recipe that does not divide over the plan's axes, or pipeline stages (not priced
-            yet).
+            recipe that does not divide over the plan's axes, or pipeline stages beside what
+            cost/pipeline.py does not price yet (MoE layers, tensor, sequence or expert axes,
+            offloaded tensors).
     """
     r, factors, efficiency, device = plan_parts(plan, facts)
     check_fit(model, train, r)
@@ -148,12 +163,6 @@ def plan_parts(
     profile = hardware_profile(plan.hardware, facts)
     facts_ = profile.facts_for(math.prod(plan.shape.values()))
     r = roles(tuple(plan.shape.items()), plan.batch_axis_names)
-    if r.size("pipeline") > 1:  # (the reference step builds them: workload/pipeline.py)
-        raise MeshConfigError(
-            f"mesh axis {r.pipeline!r} (size {r.size('pipeline')}) holds pipeline stages, which "
-            "the cost model does not price yet; accepted: a plan whose pipeline axis is 1 "
-            "(`compile_step` compiles the pipelined step)"
-        )
     factors = {
         a: (i, d)
         for a, i, d in zip(plan.axis_names, plan.ici_mesh_shape, plan.dcn_mesh_shape, strict=True)
@@ -183,13 +192,21 @@ def estimate_parts(
     uses those instead), `intensity`, `dcn_latency` and `slice_bandwidth` the others
     likewise, `permute_share` the calibrated `permute_bandwidth` (what
     benchmarks/bench_moe_time.py fits); `float("inf")`: no limit."""
+    st = pipeline_of(model, train, r)  # pipeline stages (cost/pipeline.py), else None
     if terms is None:
-        terms = memory_terms(
-            model, train, r, facts, replicas_across_granules=holds_tables(facts, r, factors)
+        held = holds_tables(facts, r, factors)
+        terms = (
+            memory_terms(model, train, r, facts, replicas_across_granules=held)
+            if st is None
+            else pipeline_memory_terms(model, train, r, st, facts, replicas_across_granules=held)
         )
     totals, live = phases(terms)
     at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
-    flops, model_flops, recompute = step_flops(model, train, r, grouped=facts.traits.grouped_matmul)
+    flops, model_flops, recompute = (
+        step_flops(model, train, r, grouped=facts.traits.grouped_matmul)
+        if st is None
+        else pipeline_flops(model, train, r, st)
+    )
     if dcn_latency is None:
         dcn_latency = calibration("dcn_latency", facts.platform)
     if slice_bandwidth is None:
@@ -197,8 +214,13 @@ def estimate_parts(
     priced = across_granules(facts, factors, dcn_latency, slice_bandwidth)
     overlapped = facts.traits.overlaps_tensor_collectives
     regather = facts.traits.regathers_attention_weights
-    found = collectives(model, train, r, overlapped=overlapped, regather=regather)
+    found = (collectives if st is None else partial(pipeline_collectives, st=st))(
+        model, train, r, overlapped=overlapped, regather=regather
+    )
     axes = axis_traffic(found, r, factors, efficiency, priced)
+    if st is not None:
+        (ici, dcn), link = factors[st.axis], efficiency.get(st.axis, 1.0)
+        axes[st.axis] = pipeline_axis(found, st.axis, ici, dcn, link, priced)
     host = host_bytes(model, train, r, facts)
     moved = host * train.microbatches  # every micro-batch writes and reads its own
     if moved and facts.host_link_bandwidth is None and not facts.traits.offload_overlaps_compute:
@@ -209,19 +231,27 @@ def estimate_parts(
         intensity = matmul_intensity(facts.platform)
     if permute_share is None:
         permute_share = permute_bandwidth(facts.platform)
-    t = step_time(
-        model,
-        train,
-        r,
-        facts,
-        efficiency=compute_efficiency,
-        intensity=intensity,
-        hidden=sum(a.seconds - a.exposed_seconds for a in axes.values()),
-        exposed=sum(a.exposed_seconds - a.dcn_seconds for a in axes.values()),
-        across_granules=sum(a.dcn_seconds for a in axes.values()),
-        offload_bytes=moved,
-        kept_bytes=terms["activations"],
-        permute_share=permute_share,
+    hidden = sum(a.seconds - a.exposed_seconds for a in axes.values())
+    exposed = sum(a.exposed_seconds - a.dcn_seconds for a in axes.values())
+    across = sum(a.dcn_seconds for a in axes.values())
+    calibrated = (compute_efficiency, intensity, permute_share)
+    t = (
+        step_time(
+            model,
+            train,
+            r,
+            facts,
+            efficiency=compute_efficiency,
+            intensity=intensity,
+            hidden=hidden,
+            exposed=exposed,
+            across_granules=across,
+            offload_bytes=moved,
+            kept_bytes=terms["activations"],
+            permute_share=permute_share,
+        )
+        if st is None
+        else pipeline_time(model, train, r, st, facts, (hidden, exposed, across), *calibrated)
     )
     step = t.seconds
     devices = 1
@@ -273,6 +303,7 @@ def estimate_parts(
         profile=profile,
         assumes=assumes,
         given={g.name: g.text for g in facts.given},
+        pipeline=None if st is None else summary(st),
     )
 
 

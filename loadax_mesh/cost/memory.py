@@ -196,7 +196,14 @@ def memory_floor(
 
 PHASES = {
     "backward head": ("activations", "gradients", "accumulator", "logits", "embeddings"),
-    "layer loop": ("activations", "gradients", "accumulator", "reduced gradients", "layer"),
+    "layer loop": (
+        "activations",
+        "gradients",
+        "accumulator",
+        "reduced gradients",
+        "layer",
+        "pipeline buffers",  # a pipelined step's only (cost/pipeline.py)
+    ),
     "tail": ("gradients", "accumulator", "reduced gradients", "embeddings", "held tables"),
 }
 ALWAYS = ("params", "optimizer", "batch", "expert stacks")
@@ -204,9 +211,11 @@ ALWAYS = ("params", "optimizer", "batch", "expert stacks")
 
 def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
     """Each phase's total (the arguments included), and the terms live in the largest."""
-    totals = {name: sum(terms[k] for k in (*ALWAYS, *parts)) for name, parts in PHASES.items()}
+    totals = {
+        name: sum(terms.get(k, 0) for k in (*ALWAYS, *parts)) for name, parts in PHASES.items()
+    }
     worst = max(totals, key=lambda name: totals[name])
-    return totals, {*ALWAYS, *PHASES[worst]}
+    return totals, {k for k in (*ALWAYS, *PHASES[worst]) if k in terms}
 
 
 def _dp(roles: Roles) -> int:

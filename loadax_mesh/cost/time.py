@@ -100,6 +100,7 @@ def step_time(
     offload_bytes: float,
     kept_bytes: float = 0.0,
     permute_share: float | None = None,
+    layer_runs: float | None = None,
 ) -> StepTime:
     """The step's time on one device. `efficiency` and `intensity` are the named calibrations
     (`calibration`): the share of the peak a matmul reaches when its operands keep up (unless
@@ -109,7 +110,9 @@ def step_time(
     `offload_bytes` what goes to host memory and back each way in a step, `kept_bytes` what
     the layers keep on the device for one micro-batch's backward pass (the memory model's
     "activations"); `permute_share` the
-    named calibration `permute_bandwidth` (None: no limit; cost/moe_time.py).
+    named calibration `permute_bandwidth` (None: no limit; cost/moe_time.py); `layer_runs`
+    the layers each micro-batch runs through (None: the model's; a pipeline stage's differ,
+    cost/pipeline.py).
 
     Every size below is one device's: a micro-batch's tokens, and the widths the tensor axis
     cuts (heads, kv heads, d_ff, the vocabulary and the residual stream's d_model)."""
@@ -126,7 +129,8 @@ def step_time(
     tensor, micro = roles.size("model"), train.microbatches
     rows = train.global_batch // roles.size("batch")  # sequences a device trains per step
     tokens = rows // micro * (model.seq_len // roles.size("seq"))  # of one micro-batch
-    d_model, head_dim, layers = model.d_model, model.head_dim, model.num_layers
+    d_model, head_dim = model.d_model, model.head_dim
+    layers = model.num_layers if layer_runs is None else layer_runs
     heads, kv_heads = model.num_heads // tensor, model.num_kv_heads // tensor
     d_ff, vocab = model.d_ff // tensor, model.vocab_size // tensor
     stream = d_model // tensor  # the residual stream's hidden dim is cut over the tensor axis

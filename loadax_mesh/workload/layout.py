@@ -33,8 +33,8 @@ ROLE_NAMES = {
     "seq": ("seq", "sequence", "sequence_parallel", "sp", "context"),
     "expert": ("expert",),
 }
-# The pipeline axis's names: a role of the step only (the cost model and the exports, which read
-# ROLE_NAMES, do not take pipeline stages yet).
+# The pipeline axis's names: a role of the step and of the cost model (cost/pipeline.py); the
+# exports, which read ROLE_NAMES, do not take pipeline stages yet.
 PIPELINE_NAMES = ("pipeline",)
 
 Logical = tuple[str | None, ...]

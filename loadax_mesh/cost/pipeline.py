@@ -1,0 +1,392 @@
+"""The cost of a pipelined step (docs/design.md section 12; the step: workload/pipeline.py).
+
+A plan whose `pipeline` axis has S > 1 stages runs the last `pipeline_layers` layers as S
+stages of R repeats (chunks of `per_chunk` layers), M micro-batches flowing through them in
+M * R + S - 1 iterations of a scan; every other part of the step (the lead layers, the
+embedding, the head and the loss) runs with the pipeline axis acting as data. What a device
+pays, as the step does it:
+
+- Compute. The lead layers, the head and the loss over the device's share of the batch split
+  over the batch axes and the pipeline axis. A stage runs one chunk on one micro-batch (its
+  replica's rows / M, split over the batch axes only) an iteration, the S - 1 iterations of
+  the bubble on zeros: per_chunk * (M R + S - 1) layer passes of a micro-batch, the FLOPs of
+  its L_p / S layers over its replica's rows times (M R + S - 1) / (M R). The bubble's share
+  of the schedule is (S - 1) / (M R + S - 1).
+- Memory. A stage's weights (its L_p / S layers, the lead layers, the tables and the final
+  norm), their optimizer state and gradients; what the scan over iterations saves for the
+  backward pass: every iteration's chunk, per_chunk layers of one micro-batch as the remat
+  policy keeps them (the bubble's too); the lead layers' as a plain step's; and the
+  pipeline's buffers: the micro-batches in float32 at the shard_map's edge, kept in the
+  compute dtype inside, the results, and their gradients.
+- Collectives. FSDP gathers a stage's layer weights every iteration, forward and backward,
+  and reduces their gradients every iteration (the step's scan gathers in the layer, as
+  MaxText's pipeline does by default), plus the lead layers' and the tables' as a plain step.
+  The pipeline axis carries the stage-to-stage activations (a micro-batch's, in the compute
+  dtype, each iteration forward and back: collective-permutes on the schedule's critical
+  path, exposed), the micro-batches gathered to every stage at entry (an all-gather, and in
+  the backward pass the stages' gradients of them summed in float32: an all-reduce), the
+  last stage's results taken back to the step's layout (an all-to-all forward, a
+  collective-permute of the gradient backward), the lookup's gradient rows gathered for the
+  table's scatter-add, and the unembedding's gradient all-reduced (it is replicated over the
+  pipeline axis). The compiled steps (benchmarks/bench_cost.py's pipelined cases) also
+  reorder the devices of these buffers by permutes spanning the pipeline and fsdp axes
+  together, well under 1% of the step's bytes: not counted.
+
+Priced: dense models (MLA and parallel blocks included) over pipeline, fsdp and data axes.
+Refused with a MeshConfigError: MoE layers, tensor, sequence and expert axes, and offloaded
+tensors beside a pipeline (not priced yet).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import partial
+
+from ..errors import MeshConfigError
+from ..hardware.profile import DeviceFacts
+from ..hardware.traits import attention_kernel
+from ..workload.layout import Roles, param_shapes, regathered, regathered_weights, stages_of
+from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ..workload.stages import STAGED, Stages, staged_shapes
+from .layer_memory import layer_bytes
+from .memory import memory_terms
+from .saved import runs_again
+from .stored import Shapes, stored
+from .time import StepTime, _update_bytes, step_time
+from .traffic import AxisTraffic, Collective, _seconds, layer_collectives, weight_arrays
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The pipeline an estimate priced: `stages` S over `axis`, `microbatches` M, `repeats` R,
+    the last `layers` layers pipelined in chunks of `per_chunk`, `iterations` M R + S - 1,
+    of which `bubble` (S - 1) / (M R + S - 1) is the share of the schedule idle stages
+    compute on zeros."""
+
+    axis: str
+    stages: int
+    microbatches: int
+    repeats: int
+    layers: int
+    per_chunk: int
+    iterations: int
+    bubble: float
+
+
+def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
+    """The step's stages on these roles (None without a pipeline axis larger than 1); a
+    MeshConfigError for what the cost model does not price beside a pipeline yet."""
+    st = stages_of(model, train, r)
+    if st is None:
+        return None
+    unpriced = [(f"{role} axis {getattr(r, role)!r}", r.size(role)) for role in ("model", "seq")]
+    unpriced.append((f"expert axis {r.expert!r}", r.size("expert")))
+    for what, size in unpriced:
+        if size > 1:
+            raise MeshConfigError(
+                f"{what} (size {size}) beside the pipeline axis {st.axis!r} is not priced by "
+                "the cost model yet; accepted: a pipelined plan over pipeline, fsdp and data "
+                "axes (`compile_step` compiles the others)"
+            )
+    if model.num_experts or "offload" in train.placements.values():
+        field = f"model {model.name!r}: num_experts" if model.num_experts else "remat"
+        value = model.num_experts if model.num_experts else train.remat_text
+        raise MeshConfigError(
+            f"{field}={value!r} with pipeline stages is not priced by the cost model yet; "
+            "accepted: dense layers, tensors kept on the device or recomputed"
+        )
+    return st
+
+
+def summary(st: Stages) -> Pipeline:
+    """What `Estimate.pipeline` says of the stages."""
+    return Pipeline(
+        axis=st.axis,
+        stages=st.stages,
+        microbatches=st.microbatches,
+        repeats=st.repeats,
+        layers=st.layers,
+        per_chunk=st.per_chunk,
+        iterations=st.iterations,
+        bubble=bubble(st.stages, st.microbatches, st.repeats),
+    )
+
+
+def bubble(stages: int, microbatches: int, repeats: int) -> float:
+    """The share of the schedule's iterations in which a stage has no micro-batch:
+    (S - 1) / (M R + S - 1)."""
+    return (stages - 1) / (microbatches * repeats + stages - 1)
+
+
+def data_roles(r: Roles) -> Roles:
+    """The roles outside the pipelined layers: the pipeline axis a batch axis (mesh order)."""
+    return replace(r, batch=tuple(a for a, _ in r.sizes if a in r.batch or a == r.pipeline))
+
+
+def stage_train(train: TrainSpec, st: Stages) -> TrainSpec:
+    """`train` as a stage sees its rows: each gradient-accumulation slice cut into the
+    pipeline's micro-batches."""
+    return replace(train, microbatches=train.microbatches * st.microbatches)
+
+
+def stage_passes(st: Stages) -> float:
+    """Layer passes a stage runs per micro-batch of its rows: per_chunk every iteration,
+    bubble included (per_chunk (M R + S - 1) / M; without a bubble, its L_p / S layers)."""
+    return st.per_chunk * st.iterations / st.microbatches
+
+
+def shard_elements(
+    model: ModelSpec,
+    st: Stages,
+    r: Roles,
+    nbytes: int,
+    tile: tuple[int, int] | None,
+    *,
+    staged: bool | None = None,
+) -> int:
+    """Bytes of one device's parameters in the stage layout (`stages.staged_shapes`: the
+    pipelined layers' stage dim over the pipeline axis), stored in `nbytes`-byte words;
+    `staged` True: only the pipelined weights, False: only the rest."""
+    total = 0
+    for name, (shape, logical) in staged_shapes(param_shapes(model), st).items():
+        if staged is not None and name.startswith(STAGED) != staged:
+            continue
+        cut = []
+        for d, axis in zip(shape, r.mesh_axes(logical), strict=True):
+            axes = (axis,) if isinstance(axis, str) else axis or ()
+            cut.append(d // math.prod(dict(r.sizes)[a] for a in axes))
+        total += stored(tuple(cut), nbytes, tile)
+    return total
+
+
+def pipeline_memory_terms(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    device: DeviceFacts,
+    *,
+    replicas_across_granules: bool = False,
+) -> dict[str, int]:
+    """memory.memory_terms for a pipelined step (module docstring): the terms outside the
+    stages as a plain step's with the pipeline axis acting as data, the arguments a stage's,
+    the activations every iteration's chunk and the lead layers', the layer term the larger
+    of a stage's layer and a lead layer, and "pipeline buffers"."""
+    rd, ts = data_roles(r), stage_train(train, st)
+    tile = device.tile
+    kernel = attention_kernel(train.attention, device.platform)
+    outer = memory_terms(
+        model, train, rd, device, replicas_across_granules=replicas_across_granules
+    )
+    inner = memory_terms(model, ts, r, device)
+    pd, od, cd = (dtype_bytes(x) for x in (train.param_dtype, train.opt_state_dtype,
+                                           train.compute_dtype))  # fmt: skip
+    shard = partial(shard_elements, model, st, r, tile=tile)
+    saved = partial(layer_bytes, model, saved=True, tile=tile, kernel=kernel)
+    lead = st.lead_dense + st.lead_moe
+    kept = st.per_chunk * st.iterations * saved(ts, Shapes.of(model, ts, r), r)
+    kept += lead * saved(train, Shapes.of(model, train, rd), rd)
+    # Reduced in the compute dtype across data-parallel axes (memory.py): with a data axis
+    # every gradient; else only those the pipeline axis replicates (tables, norm, lead layers).
+    reduced = shard(cd, staged=None if r.data_parallel_axes() else False)
+    sh = Shapes.of(model, train, r)
+    return outer | {
+        "params": shard(pd),
+        "optimizer": 2 * shard(od),
+        "gradients": shard(pd) if outer["gradients"] else 0,
+        "reduced gradients": reduced * bool(outer["reduced gradients"]),
+        "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
+        "activations": kept,
+        "accumulator": shard(4) * (train.microbatches > 1),
+        "layer": max(inner["layer"], outer["layer"] if lead else 0),
+        # The micro-batches at the shard_map's edge in float32 and inside in the compute
+        # dtype, the results likewise, and in the backward pass their gradients.
+        "pipeline buffers": 2 * stored((sh.micro_rows, sh.seq, model.d_model), 4 + cd, tile),
+    }
+
+
+def pipeline_flops(
+    model: ModelSpec, train: TrainSpec, r: Roles, st: Stages
+) -> tuple[float, float, float]:
+    """estimate.step_flops for a pipelined step: (executed, model, recompute) per device. The
+    lead layers and the head over the device's rows split over the pipeline axis too; the
+    stage's layers `stage_passes` times over its replica's rows (the bubble's zeros
+    computed); the model's own FLOPs those of a plain step over every axis."""
+    from .estimate import op_flops, step_flops  # (estimate.py imports this module)
+
+    rd = data_roles(r)
+    model_flops = step_flops(model, train, rd)[1]
+    ops = op_flops(model)
+    layer, head = sum(ops.values()), 2.0 * model.vocab_size * model.d_model
+    again = sum(ops[t] for t in runs_again(train, parallel=model.parallel_block))
+    chunked = train.logits_chunks > 1
+    outside = Shapes.of(model, train, rd).tokens
+    inside = Shapes.of(model, train, r).tokens * stage_passes(st)
+    lead, m = st.lead_dense + st.lead_moe, r.size("model")
+    flops = outside * (lead * (3 * layer + again) + head * (3 + chunked)) + inside * (
+        3 * layer + again
+    )
+    recompute = outside * (lead * again + head * chunked) + inside * again
+    return flops / m, model_flops, recompute / m
+
+
+def pipeline_collectives(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    *,
+    overlapped: bool = False,
+    regather: bool = False,
+) -> list[Collective]:
+    """traffic.collectives for a pipelined step (module docstring), by axis; `overlapped` and
+    `regather` as there. Everything runs once per gradient-accumulation micro-batch."""
+    ts = stage_train(train, st)
+    cd, mb, d = dtype_bytes(train.compute_dtype), train.microbatches, model.d_model
+    lead = st.lead_dense + st.lead_moe
+    runs = (lead + st.per_chunk * st.iterations) * mb  # layer passes a device gathers for
+    m = r.size("model")
+    found: list[Collective] = []
+    tables = (1 if model.tied_embeddings else 2) * model.vocab_size // m * d * cd
+    if r.fsdp is not None and r.size("fsdp") > 1:
+        a = r.fsdp
+        found += layer_collectives(model, a, m, cd, runs, in_line=overlapped)
+        qkv = regathered_weights(model, regathered(model, train, r), m) * cd * regather
+        if qkv:
+            found.append(Collective(a, "all-gather", "q, k, v weights again", qkv, runs,
+                                    not overlapped))  # fmt: skip
+        found += [
+            Collective(a, "all-gather", "embedding tables", tables, mb, True),
+            Collective(a, "reduce-scatter", "embedding gradients", tables, mb, True),
+        ]
+        chunks = train.logits_chunks
+        if chunks > 1:  # as traffic.collectives
+            table = model.vocab_size // m * d * cd
+            found += [
+                Collective(a, "all-gather", "unembedding per chunk", table, (2 * chunks - 1) * mb,
+                           True),
+                Collective(a, "reduce-scatter", "unembedding gradient per chunk", table,
+                           (chunks - 1) * mb, True),
+            ]  # fmt: skip
+    k = weight_arrays(model)
+    outside = shard_elements(model, st, r, cd, None, staged=False)
+    staged = shard_elements(model, st, r, cd, None, staged=True)
+    for a in r.data_parallel_axes():  # every gradient shard all-reduced, one array at a time
+        arrays = k * (lead + st.layers // st.stages)
+        found += [
+            Collective(a, "all-reduce", "layer weight gradients", (outside + staged) // arrays,
+                       arrays * mb, True),
+        ]  # fmt: skip
+    p = st.axis
+    sh, stage = Shapes.of(model, train, r), Shapes.of(model, ts, r)
+    rows = sh.micro_rows * sh.seq * d  # a replica's activations on this device, one slice
+    micro = stage.micro_rows * stage.seq * d * cd  # one pipeline micro-batch's
+    # The parameters the pipeline axis replicates, less the input table: its gradient rows
+    # are gathered over the axis before the scatter-add (above), not reduced after.
+    table = 0 if model.tied_embeddings else model.vocab_size // m * d // r.size("fsdp") * cd
+    found += [
+        Collective(p, "collective-permute", "stage-to-stage activations", micro,
+                   2 * st.iterations * mb, False),
+        Collective(p, "all-gather", "micro-batches to every stage", rows * cd, mb, False),
+        Collective(p, "all-reduce", "micro-batch gradients over stages", rows * 4, mb, False),
+        Collective(p, "all-to-all", "last stage's results to the step's layout", rows * cd, mb,
+                   False),
+        Collective(p, "collective-permute", "their gradient to the last stage", rows * cd, mb,
+                   False),
+        Collective(p, "all-gather", "lookup gradient rows", rows * cd, mb, False),
+        Collective(p, "all-reduce", "unembedding, norm and lead layer gradients",
+                   outside - table, mb, True),
+    ]  # fmt: skip
+    return found
+
+
+def pipeline_axis(
+    found: list[Collective], axis: str, ici: int, dcn: int, efficiency: float, facts: DeviceFacts
+) -> AxisTraffic:
+    """The pipeline axis's AxisTraffic (traffic.axis_traffic's, role "pipeline"): a
+    collective-permute sends its buffer once to one peer, over ICI (`efficiency` its link
+    factor) or, where the axis spans granules (`dcn` > 1), across them; the rest as there."""
+    mine = tuple(c for c in found if c.axis == axis)
+    seconds = exposed = across = 0.0
+    for c in mine:
+        if c.kind == "collective-permute":
+            inside = outside = 0.0
+            if dcn > 1:
+                outside = c.bytes / facts.need("dcn_bandwidth") + facts.need("dcn_latency")
+            else:
+                bandwidth = facts.need("ici_bandwidth") * max(efficiency, 1e-9)
+                inside = c.bytes / bandwidth + facts.need("ici_latency")
+        else:
+            inside, outside = _seconds(c, ici, dcn, efficiency, facts)
+        seconds += (inside + outside) * c.count
+        exposed += (outside + (0.0 if c.overlaps else inside)) * c.count
+        across += outside * c.count
+    total = sum(c.bytes * c.count for c in mine)
+    return AxisTraffic(
+        axis=axis,
+        role="pipeline",
+        ici=ici,
+        dcn=dcn,
+        bytes=total,
+        across_granules=total // ici if dcn > 1 else 0,
+        seconds=seconds,
+        exposed_seconds=exposed,
+        dcn_seconds=across,
+        collectives=mine,
+    )
+
+
+def pipeline_time(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    facts: DeviceFacts,
+    collectives: tuple[float, float, float],
+    efficiency: float,
+    intensity: float | None,
+    permute_share: float | None,
+) -> StepTime:
+    """time.step_time for a pipelined step (`collectives`: step_time's hidden, exposed and
+    across-granule seconds): the lead layers, head, loss and update as a plain step's with the
+    pipeline axis acting as data (the update over the stage's parameters), plus a stage's
+    `stage_passes` layer passes on each of its micro-batches (its layer terms alone: the same
+    step priced with no layer passes taken away). `efficiency`, `intensity` and
+    `permute_share`: step_time's."""
+    rd, ts = data_roles(r), stage_train(train, st)
+    kernel = attention_kernel(train.attention, facts.platform)
+    saved = partial(layer_bytes, model, saved=True, tile=facts.tile, kernel=kernel)
+    lead = st.lead_dense + st.lead_moe
+
+    def price(train: TrainSpec, roles: Roles, runs: float, kept: float = 0.0) -> StepTime:
+        return step_time(model, train, roles, facts, efficiency=efficiency, intensity=intensity,
+                         hidden=0.0, exposed=0.0, across_granules=0.0, offload_bytes=0.0,
+                         kept_bytes=kept, permute_share=permute_share, layer_runs=runs)  # fmt: skip
+
+    outer = price(train, rd, lead, lead * saved(train, Shapes.of(model, train, rd), rd))
+    passes = stage_passes(st)
+    kept = passes * saved(ts, Shapes.of(model, ts, r), r)
+    stage = price(ts, r, passes, kept)
+    bare = price(ts, r, 0)
+    # the update streams the stage's parameters, not the whole model's shard
+    params = shard_elements(model, st, r, 1, None) - model.num_params / (
+        r.size("fsdp") * r.size("model")
+    )
+    update = params * _update_bytes(train) / facts.need("hbm_bandwidth")
+    matmul = outer.matmul + stage.matmul - bare.matmul
+    attention = outer.attention + stage.attention - bare.attention
+    memory = outer.memory_bound + stage.memory_bound - bare.memory_bound + update
+    compute = matmul + attention + memory
+    hidden, exposed, across_granules = collectives
+    return StepTime(
+        matmul=matmul,
+        attention=attention,
+        memory_bound=memory,
+        forward=outer.forward + stage.forward - bare.forward,
+        hidden=hidden,
+        exposed=exposed,
+        across_granules=across_granules,
+        offload=0.0,
+        seconds=max(compute, hidden) + exposed + across_granules,
+    )

@@ -1,0 +1,105 @@
+"""The cost model's pipeline stages (cost/pipeline.py), counted by hand. No jax needed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
+from loadax_mesh.cost import estimate
+from loadax_mesh.cost.pipeline import bubble
+from loadax_mesh.workload import ModelSpec, TrainSpec
+
+LONG = ModelSpec(
+    name="long", num_layers=8, d_model=2048, d_ff=8192, num_heads=16, num_kv_heads=8,
+    head_dim=128, vocab_size=32768, seq_len=2048,
+)  # fmt: skip
+
+
+def plan(hardware: str, **axes: int):
+    names = tuple(axes)
+    batch = tuple(a for a in names if a in ("data", "fsdp"))
+    config = MeshConfig(mesh_shape=tuple(axes.values()), mesh_axis_names=names,
+                        batch_axis_names=batch)  # fmt: skip
+    return config.plan(simulate_devices(hardware), selector=hardware)
+
+
+def test_the_bubble_is_the_idle_share_of_the_schedule() -> None:
+    assert bubble(4, 4, 1) == pytest.approx(3 / 7)
+    assert bubble(4, 4, 2) == pytest.approx(3 / 11)
+    assert bubble(1, 8, 1) == 0
+    train = TrainSpec(global_batch=64, pipeline_microbatches=8, pipeline_repeats=2)
+    e = estimate(plan("tpu-v5p-64", pipeline=4, fsdp=8), LONG, train)
+    assert e.pipeline is not None
+    assert (e.pipeline.stages, e.pipeline.microbatches, e.pipeline.repeats) == (4, 8, 2)
+    assert e.pipeline.iterations == 8 * 2 + 3
+    assert e.pipeline.bubble == pytest.approx(3 / 19)
+    assert e.axes["pipeline"].role == "pipeline"
+    assert e.to_dict()["pipeline"]["bubble"] == pytest.approx(3 / 19)
+
+
+@pytest.mark.parametrize("micro, repeats", [(4, 1), (8, 1), (4, 2)])
+def test_the_bubble_computes_zeros_at_full_price(micro: int, repeats: int) -> None:
+    """The pipelined layers' FLOPs are the plain step's (the pipeline axis as data) times
+    (M R + S - 1) / (M R); the head's are the same."""
+    S, V, d = 4, 32768, 2048
+    train = TrainSpec(global_batch=64, pipeline_microbatches=micro, pipeline_repeats=repeats)
+    piped = estimate(plan("tpu-v5p-64", pipeline=S, fsdp=8), LONG, train)
+    plain = estimate(plan("tpu-v5p-64", data=S, fsdp=8), LONG, train)
+    tokens = 64 // 32 * 2048  # a device's, split over data (or pipeline) and fsdp
+    head = 3 * 2 * V * d * tokens  # full remat: the head is not recomputed
+    layers = plain.flops - head
+    assert piped.flops - head == pytest.approx(
+        layers * (micro * repeats + S - 1) / (micro * repeats)
+    )
+    assert piped.model_flops == pytest.approx(plain.model_flops)
+
+
+def test_a_stage_holds_its_layers_and_the_tables() -> None:
+    """Parameters (float32) on one GPU (no tiles): the tables over fsdp, the final norm whole,
+    and 1/S of the layers (their matrices over fsdp, their two norms whole)."""
+    S, F = 2, 8
+    e = estimate(plan("gpu-p5.48xlarge-16", pipeline=S, fsdp=F), LONG, TrainSpec(global_batch=16))
+    d, V, L = 2048, 32768, 8
+    matrices = (LONG.num_params - 2 * V * d - d) // L - 2 * d
+    assert e.terms["params"] == 4 * ((2 * V * d) // F + d + L // S * (matrices // F + 2 * d))
+    assert e.terms["optimizer"] == 2 * e.terms["params"]
+    # every iteration saves its chunk's layer inputs (full remat): M + S - 1 iterations of
+    # L / S layers, one micro-batch (16 / 8 rows a replica device, M = 2: one row) each
+    assert e.terms["activations"] == (2 + 1) * (L // S) * 1 * 2048 * d * 2
+
+
+def test_the_stages_send_each_micro_batch_forward_and_back() -> None:
+    train = TrainSpec(global_batch=256, pipeline_microbatches=8)
+    e = estimate(plan("tpu-v5p-64", pipeline=4, fsdp=8), LONG, train)
+    (permute,) = [c for c in e.axes["pipeline"].collectives if c.what.startswith("stage-to")]
+    assert permute.kind == "collective-permute" and not permute.overlaps
+    assert permute.bytes == 256 // 8 // 8 * 2048 * 2048 * 2  # a micro-batch's rows, bfloat16
+    assert permute.count == 2 * (8 + 4 - 1)
+    fewer = estimate(
+        plan("tpu-v5p-64", pipeline=4, fsdp=8), LONG, replace(train, pipeline_microbatches=32)
+    )
+    assert fewer.time.seconds < e.time.seconds  # a smaller bubble
+
+
+def test_a_pipeline_axis_of_one_changes_nothing() -> None:
+    train = TrainSpec(global_batch=64, pipeline_microbatches=8, pipeline_repeats=2)
+    with_axis = estimate(plan("tpu-v5p-64", pipeline=1, fsdp=32), LONG, train)
+    without = estimate(plan("tpu-v5p-64", fsdp=32), LONG, train)
+    assert with_axis.pipeline is None
+    assert with_axis.axes.pop("pipeline").bytes == 0
+    assert replace(with_axis, mesh=without.mesh) == without
+
+
+@pytest.mark.parametrize(
+    "axes, model, fields, named",
+    [
+        ({"pipeline": 2, "fsdp": 4, "model": 2}, LONG, {}, "model axis"),
+        ({"pipeline": 2, "fsdp": 8}, LONG, {"remat": "offload"}, "remat="),
+        ({"pipeline": 2, "fsdp": 8}, LONG, {"pipeline_repeats": 3}, "pipeline_repeats=3"),
+    ],
+)
+def test_what_is_not_priced_is_refused_by_name(axes, model, fields, named) -> None:
+    with pytest.raises(MeshConfigError, match=named):
+        estimate(plan("tpu-v5p-32", **axes), model, TrainSpec(global_batch=64, **fields))
