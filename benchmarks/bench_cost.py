@@ -268,6 +268,11 @@ def referee_row(case: tuple[Any, ...], plan: Any, want: int, got: int) -> dict[s
             "remat": case[4],
             "microbatches": t.microbatches,
             "logits_chunks": t.logits_chunks,
+            **(
+                {"pipeline_microbatches": case[7], "pipeline_repeats": case[8]}
+                if len(case) > 7
+                else {}
+            ),
         },
         "estimate_bytes": want,
         "compiled_bytes": got,

@@ -44,8 +44,8 @@ from moe_runs import MIXTRAL_8X22B, MOE_RUNS, MOE_SKIPPED, OFFLOAD_QKV_OUT
 
 from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
 from loadax_mesh.cost.band import DOES_NOT_FIT, FITS
+from loadax_mesh.cost.calibration import permute_bandwidth
 from loadax_mesh.cost.estimate import Estimate, estimate, estimate_parts, plan_parts
-from loadax_mesh.cost.time import permute_bandwidth
 from loadax_mesh.view.picture import shape_text
 from loadax_mesh.workload import ModelSpec, TrainSpec
 

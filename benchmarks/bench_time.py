@@ -41,8 +41,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from production_runs import RUNS
 
 from loadax_mesh import MeshConfig, simulate_devices
+from loadax_mesh.cost.calibration import calibration, dcn_slice_bandwidth, matmul_intensity
 from loadax_mesh.cost.estimate import Estimate, estimate, estimate_parts, plan_parts
-from loadax_mesh.cost.time import calibration, dcn_slice_bandwidth, matmul_intensity
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 

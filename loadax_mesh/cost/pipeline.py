@@ -209,11 +209,11 @@ def pipeline_memory_terms(
 def pipeline_flops(
     model: ModelSpec, train: TrainSpec, r: Roles, st: Stages
 ) -> tuple[float, float, float]:
-    """estimate.step_flops for a pipelined step: (executed, model, recompute) per device. The
+    """flops.step_flops for a pipelined step: (executed, model, recompute) per device. The
     lead layers and the head over the device's rows split over the pipeline axis too; the
     stage's layers `stage_passes` times over its replica's rows (the bubble's zeros
     computed); the model's own FLOPs those of a plain step over every axis."""
-    from .estimate import op_flops, step_flops  # (estimate.py imports this module)
+    from .flops import op_flops, step_flops
 
     rd = data_roles(r)
     model_flops = step_flops(model, train, rd)[1]

@@ -121,6 +121,15 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
         f"compute    {e.flops:.3e} FLOPs a device ({e.recompute_flops:.3e} recomputed), "
         f"{e.compute_seconds * 1e3:.1f} ms at peak",
     ]
+    if e.pipeline is not None:
+        p, a = e.pipeline, e.axes.get(e.pipeline.axis)
+        moved = "" if a is None else f"; {size_text(a.bytes)} a step over the pipeline axis"
+        lines.append(
+            f"pipeline   {p.stages} stages x {p.repeats} repeat{'s' * (p.repeats > 1)} of "
+            f"{p.per_chunk} layer{'s' * (p.per_chunk > 1)} ({p.layers} pipelined), "
+            f"{p.microbatches} micro-batches: {p.iterations} iterations, bubble {p.bubble:.1%} "
+            f"(S - 1) / (M R + S - 1){moved}"
+        )
     if e.offload_bytes:
         lines.append(
             f"offload    {size_text(e.offload_bytes)} each way over the host link, "

@@ -153,7 +153,12 @@ def test_compile_and_estimate_take_the_pipeline_flags(capsys, monkeypatch):
     assert (t.pipeline_microbatches, t.pipeline_repeats, t.pipeline_layers) == (4, 2, 0)
     code, _, err = run(capsys, *argv, "--pipeline-repeats", "0")
     assert code == 2 and "'0' is not a positive integer" in err
-    # the cost model does not price stages yet: it says so
+    # the estimate prices the stages and says so; a layer count the chunks do not divide is
+    # refused by name
     argv[0] = "estimate"
+    code, out, _ = run(capsys, *argv, "--pipeline-microbatches", "4")
+    assert code == 0
+    assert "pipeline   2 stages x 1 repeat of 1 layer (2 pipelined), 4 micro-batches: 5 " in out
+    assert "bubble 20.0% (S - 1) / (M R + S - 1)" in out
     code, _, err = run(capsys, *argv, *flags)
-    assert code != 0 and "holds pipeline stages, which the cost model does not price yet" in err
+    assert code == 2 and "pipeline_layers=0 (2 layers pipelined) does not divide into 2" in err

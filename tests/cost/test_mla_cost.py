@@ -12,7 +12,7 @@ import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.estimate import op_flops
+from loadax_mesh.cost.flops import op_flops
 from loadax_mesh.cost.mla import attention_weights
 from loadax_mesh.cost.recipes import fitting_recipes
 from loadax_mesh.cost.traffic import collectives

@@ -11,11 +11,11 @@ from dataclasses import replace
 import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
+from loadax_mesh.cost.calibration import permute_bandwidth
 from loadax_mesh.cost.choose import AXES, MOE_AXES
 from loadax_mesh.cost.estimate import estimate, estimate_parts, plan_parts
 from loadax_mesh.cost.memory import memory_floor
 from loadax_mesh.cost.moe_time import dispatch_einsums, permute_seconds
-from loadax_mesh.cost.time import permute_bandwidth
 from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import roles

@@ -9,7 +9,7 @@ import pytest
 
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.estimate import op_flops
+from loadax_mesh.cost.flops import op_flops
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 SEQUENTIAL = ModelSpec(

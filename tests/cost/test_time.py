@@ -8,8 +8,9 @@ import pytest
 
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.estimate import estimate_parts, op_flops, plan_parts
-from loadax_mesh.cost.time import calibration
+from loadax_mesh.cost.calibration import calibration
+from loadax_mesh.cost.estimate import estimate_parts, plan_parts
+from loadax_mesh.cost.flops import op_flops
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.spec import TENSORS
 
@@ -239,7 +240,7 @@ def test_a_head_narrower_than_the_matrix_unit_leaves_it_idle() -> None:
 def test_a_chip_whose_compute_outruns_its_memory_reaches_less_of_its_peak() -> None:
     """The calibrated tile intensity (FLOPs per HBM byte) against each chip's balance: v6e
     (918 TFLOP/s over 1638 GB/s, 560 FLOPs a byte) waits on HBM, v5p (166) does not."""
-    from loadax_mesh.cost.time import matmul_intensity
+    from loadax_mesh.cost.calibration import matmul_intensity
 
     intensity = matmul_intensity("tpu")
     assert intensity is not None and 166 < intensity < 918e12 / 1638e9
@@ -257,7 +258,7 @@ def test_a_large_slice_shares_what_it_sends_across_slices() -> None:
     """Data parallel over 2 slices of 1,024 v5p chips: a chip's catalogued 6.25 GB/s across
     slices exceeds its share of what the slice sends in all (the calibrated
     dcn_slice_bandwidth over 1,024 chips), so the gradient shard crosses at that share."""
-    from loadax_mesh.cost.time import dcn_slice_bandwidth
+    from loadax_mesh.cost.calibration import dcn_slice_bandwidth
 
     hardware = "tpu-v5p-2048-2"
     p = MeshConfig.from_preset("fsdp").plan(simulate_devices(hardware), selector=hardware)

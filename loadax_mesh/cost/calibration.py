@@ -1,0 +1,55 @@
+"""The step-time model's named calibrations (configs/calibration.toml): each fitted by
+benchmarks/bench_time.py (or bench_moe_time.py) on the calibration set alone, per platform."""
+
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from typing import Any
+
+from .._configs import config_path
+from ..errors import MeshConfigError
+from ..hardware.traits import Platform
+
+
+def calibration(name: str, platform: Platform) -> float:
+    """A named calibration of configs/calibration.toml for a platform (measured runs cover TPU
+    and GPU)."""
+    found = _calibrations().get(name, {})
+    entry = found.get(platform)
+    if entry is None:
+        raise MeshConfigError(
+            f"configs/calibration.toml has no {name} for {platform}; accepted: {sorted(found)}"
+        )
+    return float(entry["value"])
+
+
+def matmul_intensity(platform: Platform) -> float | None:
+    """The calibrated FLOPs per HBM byte of a tiled matmul on `platform`, None where the
+    calibration set shows no such limit (configs/calibration.toml)."""
+    return _optional("matmul_intensity", platform)
+
+
+def permute_bandwidth(platform: Platform) -> float | None:
+    """The calibrated share of HBM bandwidth at which the dropless MoE path's gathers and
+    scatter-adds by row index move their rows, None where the calibration set shows no such
+    limit (configs/calibration.toml; cost/moe_time.py)."""
+    return _optional("permute_bandwidth", platform)
+
+
+def _optional(name: str, platform: Platform) -> float | None:
+    entry = _calibrations().get(name, {}).get(platform)
+    return None if entry is None else float(entry["value"])
+
+
+def dcn_slice_bandwidth(platform: Platform) -> float | None:
+    """The calibrated bytes/s one granule (a TPU slice) sends across granules in all, shared by
+    its devices; None where the calibration set shows no such limit (configs/calibration.toml)."""
+    entry = _calibrations().get("dcn_slice_bandwidth", {}).get(platform)
+    return None if entry is None else float(entry["value"])
+
+
+@cache
+def _calibrations() -> dict[str, dict[str, dict[str, Any]]]:
+    with open(config_path("calibration.toml"), "rb") as f:
+        return tomllib.load(f)
