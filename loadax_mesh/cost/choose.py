@@ -7,10 +7,12 @@ divides (heads, kv heads, d_ff, vocabulary and the residual stream's d_model by 
 d_model by FSDP; the sequence by the sequence axis; the global batch by the batch axes), times
 every way of spreading the granules (slices, NVLink domains) over them. Pruned, and counted:
 tensor or sequence axes across granules (their collectives are exposed, DCN makes them strictly
-slower than the same shape with that factor on a batch axis). Memory does not depend on device
-order, so candidates that do not fit are dropped before planning; the rest are estimated with
-perfect rings first, which bounds their real time from below, and only those whose bound can
-still reach the top are planned by the real planner and estimated on its rings. The recipes
+slower than the same shape with that factor on a batch axis), and pipelines the cost model
+does not price (cost/choose_pipeline.py: pipeline micro-batches and repeats are recipe fields).
+Memory does not depend on device order, so candidates that do not fit are dropped before
+planning; the rest are estimated with perfect rings first, which bounds their real time from
+below, and only those whose bound can still reach the top are planned by the real planner and
+estimated on its rings. The recipes
 each mesh may run are cost/recipes.py's.
 """
 
@@ -28,8 +30,9 @@ from ..hardware.profile import DeviceFacts, hardware_profile
 from ..hardware.strings import simulate_devices
 from ..plan import MeshPlan, plan_config
 from ..shapes import HybridMeshShape
-from ..workload.layout import ROLE_NAMES, Roles, check_fit, check_modelled, roles
+from ..workload.layout import PIPELINE_NAMES, ROLE_NAMES, Roles, check_fit, check_modelled, roles
 from ..workload.spec import ModelSpec, TrainSpec
+from .choose_pipeline import PRUNED, pipeline_recipes, pipeline_unpriced
 from .estimate import Estimate, estimate_parts, holds_tables
 from .recipes import (
     MOE_PATHS,
@@ -214,6 +217,11 @@ def choose_mesh(
     batch_ok = False
     for sizes in _factorisations(n, len(names)):
         r = roles(tuple(zip(names, sizes, strict=True)), batch)
+        if pipeline_unpriced(model, r):  # a pipeline the cost model does not price beside these
+            splits = _splits(sizes, granules)
+            ranking.considered += splits
+            _count(ranking.pruned, PRUNED, splits)
+            continue
         try:
             check_fit(model, train, r)
         except MeshConfigError:
@@ -236,7 +244,8 @@ def choose_mesh(
             factors = dict(zip(names, zip(ici, dcn, strict=True), strict=True))
             held = holds_tables(device, r, factors)
             if held not in fitting:
-                fitting[held] = fitting_recipes(model, train, wanted, r, device, held, headroom)
+                here = pipeline_recipes(wanted, r)
+                fitting[held] = fitting_recipes(model, train, here, r, device, held, headroom)
             recipes_here, least = fitting[held]
             if not recipes_here:
                 if least is not None:
@@ -344,7 +353,7 @@ def _key(e: Estimate) -> tuple[float, float, int]:
 def _check_axes(axes: Sequence[str], top: int) -> tuple[str, ...]:
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise MeshConfigError(f"top={top!r}; accepted: an int >= 1")
-    known = {"data", "replicate", *(n for names in ROLE_NAMES.values() for n in names)}
+    known = {"data", "replicate", *(n for v in ROLE_NAMES.values() for n in v), *PIPELINE_NAMES}
     if (
         not isinstance(axes, list | tuple)
         or not axes

@@ -16,17 +16,23 @@ from typing import Any
 
 from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts
-from ..workload.layout import Roles, check_fit
+from ..workload.layout import Roles, check_fit, stages_of
 from ..workload.spec import ModelSpec, TrainSpec
 from .band import memory_band
 from .memory import host_bytes, memory_floor, memory_terms, phases
+from .pipeline import pipeline_memory_terms
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
 # host memory (docs/facts/production_runs.md); as its DeepSeek-V3 run sets it, the layer input
 # and the output projection (docs/facts/moe_runs.md, M11: latent attention's q, k and v are too
 # wide to offload).
-RECIPE_FIELDS = ("remat", "microbatches", "logits_chunks", "moe")
+RECIPE_FIELDS = (
+    "remat", "microbatches", "logits_chunks", "moe", "pipeline_microbatches", "pipeline_repeats",
+)  # fmt: skip
+# The pipeline's fields, searched only on a mesh whose pipeline axis is larger than 1
+# (cost/choose_pipeline.py)
+PIPELINE_FIELDS = ("pipeline_microbatches", "pipeline_repeats")
 # A MoE model's two paths (TrainSpec.moe): every token copy computed, or at most
 # capacity_factor x the even share per expert (the rest dropped)
 MOE_PATHS = ("dropless", "capacity")
@@ -37,6 +43,7 @@ REMATS: tuple[str | dict[str, str], ...] = (
 )  # fmt: skip
 LOGITS_CHUNKS = (1, 4, 16)
 Remat = str | tuple[tuple[str, str], ...]  # a remat as TrainSpec takes it, hashable
+Pipe = tuple[int, int]  # a pipeline's (micro-batches, repeats)
 
 
 @dataclass(frozen=True)
@@ -52,11 +59,12 @@ class Recipe:
 
 def recipe_space(
     train: TrainSpec, rows: int, wanted: list[dict[str, Any]]
-) -> Iterator[tuple[str, Remat, int, list[int]]]:
+) -> Iterator[tuple[str, Remat, int, list[int], Pipe]]:
     """The recipes to try for a mesh whose replicas each hold `rows` sequences: per MoE path,
     remat and chunk count (the search's order), the micro-batch counts in increasing order
-    (the caller keeps the fewest that fit). Each remat as a hashable value: a policy name, or
-    its (tensor, placement) pairs."""
+    (the caller keeps the fewest that fit), and the pipeline's (micro-batches, repeats) as the
+    recipe pins them (the train's otherwise). Each remat as a hashable value: a policy name,
+    or its (tensor, placement) pairs."""
     for fixed in wanted:
         remats = [fixed["remat"]] if "remat" in fixed else list(REMATS)
         chunks = [fixed["logits_chunks"]] if "logits_chunks" in fixed else list(LOGITS_CHUNKS)
@@ -64,7 +72,11 @@ def recipe_space(
         for remat in remats:
             for c in chunks:
                 micros = [m for m in micro if train.global_batch % m == 0]
-                yield fixed.get("moe", train.moe), _hashable(remat), c, micros
+                pipe = (
+                    fixed.get("pipeline_microbatches", train.pipeline_microbatches),
+                    fixed.get("pipeline_repeats", train.pipeline_repeats),
+                )
+                yield fixed.get("moe", train.moe), _hashable(remat), c, micros, pipe
 
 
 def _hashable(remat: Any) -> Remat:
@@ -121,21 +133,22 @@ def fitting_recipes(
     # what the compiled step may still fit in, by the model's largest measured overestimate
     possible = max(limit, facts.hbm_bytes * (band.high if band else 1.0))
     across = replicas_across_granules
+    staged = r.size("pipeline") > 1
+    floor = floor and not staged  # memory_floor is a plain step's: none for a pipeline
     if floor and memory_floor(model, train, r, facts, replicas_across_granules=across) > possible:
         return [], None
     host_memory = facts.host_memory_bytes  # unknown: the offload is assumed to fit
     host_limit = math.inf if host_memory is None else host_memory * (1 - headroom)
     offloads = not missing_host_facts(facts)
-    # (path, remat, M) -> terms at C = 1
-    priced: dict[tuple[str, Remat, int], dict[str, int] | None] = {}
+    # (path, remat, M, pipe) -> terms at C = 1
+    priced: dict[tuple[str, Remat, int, Pipe], dict[str, int] | None] = {}
 
     def fits(t: TrainSpec, chunks: int, limit: float = limit) -> dict[str, int] | None:
-        key = (t.moe, t.remat, t.microbatches)
+        key = (t.moe, t.remat, t.microbatches, (t.pipeline_microbatches, t.pipeline_repeats))
         if key not in priced:
             over = host_bytes(model, t, r, facts) > host_limit
-            priced[key] = (
-                None if over else memory_terms(model, t, r, facts, replicas_across_granules=across)
-            )
+            priced[key] = None if over else terms_of(t)
+
         base = priced[key]
         if base is None:
             return None
@@ -146,12 +159,20 @@ def fitting_recipes(
             return None
         return terms
 
-    def fewest(path: str, remat: Remat, c: int, micro: list[int], at: float) -> Recipe | None:
+    def terms_of(t: TrainSpec) -> dict[str, int]:
+        st = stages_of(model, t, r)
+        if st is None:
+            return memory_terms(model, t, r, facts, replicas_across_granules=across)
+        return pipeline_memory_terms(model, t, r, st, facts, replicas_across_granules=across)
+
+    def fewest(
+        path: str, remat: Remat, c: int, micro: list[int], pipe: Pipe, at: float
+    ) -> Recipe | None:
         """The recipe with the fewest micro-batches whose peak is within `at`, by bisection."""
         lo, hi, found = 0, len(micro) - 1, None
         while lo <= hi:
             mid = (lo + hi) // 2
-            t = spec(path, remat, micro[mid])
+            t = spec(path, remat, micro[mid], pipe)
             terms = fits(t, c, at)
             if terms is None:
                 lo = mid + 1
@@ -159,24 +180,38 @@ def fitting_recipes(
                 found, hi = Recipe(t, terms), mid - 1
         return found
 
-    # (path, remat, C, M) found, however the remat is spelt
-    seen: set[tuple[str, Remat, int, int]] = set()
-    made: dict[tuple[str, Remat, int], TrainSpec] = {}  # (path, remat, M) -> TrainSpec at C = 1
+    # (path, remat, C, M, pipe) found, however the remat is spelt
+    seen: set[tuple[str, Remat, int, int, Pipe]] = set()
+    # (path, remat, M, pipe) -> TrainSpec at C = 1
+    made: dict[tuple[str, Remat, int, Pipe], TrainSpec] = {}
     chunks_ok: dict[int, bool] = {}  # whether C chunks divide a device's tokens
 
-    def spec(path: str, remat: Remat, m: int) -> TrainSpec:
-        key = (path, remat, m)
+    def spec(path: str, remat: Remat, m: int, pipe: Pipe = (0, 1)) -> TrainSpec:
+        key = (path, remat, m, pipe)
         if key not in made:
-            made[key] = replace(train, moe=path, remat=remat, microbatches=m, logits_chunks=1)
+            pm, pr = pipe
+            made[key] = replace(
+                train, moe=path, remat=remat, microbatches=m, logits_chunks=1,
+                pipeline_microbatches=pm, pipeline_repeats=pr,
+            )  # fmt: skip
         return made[key]
 
+    def staged_ok(t: TrainSpec) -> bool:
+        try:
+            stages_of(model, t, r)
+        except MeshConfigError:  # the pipeline's fields do not fit the model or the batch
+            return False
+        return True
+
     rows = train.global_batch // r.size("batch")
-    for path, remat, c, micro in recipe_space(train, rows, wanted):
+    for path, remat, c, micro, pipe in recipe_space(train, rows, wanted):
+        if staged:
+            micro = [m for m in micro if staged_ok(spec(path, remat, m, pipe))]
         if not micro:
             continue
-        first = spec(path, remat, micro[0])
-        if "offload" in first.placements.values() and not offloads:
-            continue  # the catalogue cannot judge an offload on this hardware
+        first = spec(path, remat, micro[0], pipe)
+        if "offload" in first.placements.values() and (staged or not offloads):
+            continue  # the catalogue cannot judge an offload here (none beside a pipeline)
         if c not in chunks_ok:
             try:
                 check_fit(model, replace(first, logits_chunks=c), r)
@@ -185,13 +220,13 @@ def fitting_recipes(
                 chunks_ok[c] = False
         if not chunks_ok[c]:
             continue
-        found = fewest(path, remat, c, micro, limit)
+        found = fewest(path, remat, c, micro, pipe, limit)
         if found is None and possible > limit:
-            unsure = fewest(path, remat, c, micro, possible)
+            unsure = fewest(path, remat, c, micro, pipe, possible)
             found = None if unsure is None else replace(unsure, beyond=True)
-        if found is None or (path, first.remat, c, found.train.microbatches) in seen:
+        if found is None or (path, first.remat, c, found.train.microbatches, pipe) in seen:
             continue
-        seen.add((path, first.remat, c, found.train.microbatches))
+        seen.add((path, first.remat, c, found.train.microbatches, pipe))
         out.append(replace(found, train=replace(found.train, logits_chunks=c)))
     return out, min(least, default=None)
 

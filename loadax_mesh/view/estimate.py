@@ -39,7 +39,8 @@ def ranking_text(ranking: Ranking) -> str:
                 f"{shape_text(c.ici, compact=True)} x {shape_text(c.dcn, compact=True)}",
                 f"{e.remat} x{e.microbatches}"
                 + (f" /{e.logits_chunks}" * (e.logits_chunks > 1))
-                + (f" {e.moe}" if e.moe else ""),
+                + (f" {e.moe}" if e.moe else "")
+                + _stages(e),
                 f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB"
                 + " (?)" * c.beyond_headroom,
                 f"{e.host_bytes / 1e9:.1f} GB" if e.host_bytes else "-",
@@ -52,6 +53,9 @@ def ranking_text(ranking: Ranking) -> str:
     unsearched = "".join(f"; not searched: {what}" for what in ranking.unsearched)
     assumed = "".join(f"; {what}" for what in ranking.assumed)
     moe = " MoE-path" if any(c.estimate.moe for c in ranking) else ""
+    pp = " [ppS MM RR: stages, pipeline micro-batches, repeats]" * any(
+        c.estimate.pipeline for c in ranking
+    )
     marks = []
     if any(c.beyond_headroom for c in ranking):
         marks.append(
@@ -69,9 +73,15 @@ def ranking_text(ranking: Ranking) -> str:
     return (
         f"ranking    {ranking.considered} shapes x ICI/DCN splits considered; pruned: {pruned}; "
         f"{ranking.planned} planned on the real rings{unsearched}{assumed}; recipe: remat x "
-        f"micro-batches [/ logits chunks]{moe}\n{text_table(rows)}"
+        f"micro-batches [/ logits chunks]{moe}{pp}\n{text_table(rows)}"
         + "".join(f"\n           {m}" for m in marks)
     )
+
+
+def _stages(e: Estimate) -> str:
+    """A pipelined estimate's stages, micro-batches and repeats, e.g. " pp4 M8 R2"."""
+    p = e.pipeline
+    return "" if p is None else f" pp{p.stages} M{p.microbatches} R{p.repeats}"
 
 
 def ranking_data(ranking: Ranking) -> dict[str, Any]:

@@ -1,0 +1,52 @@
+"""The pipeline's part of `choose_mesh`'s search (cost/choose.py): which meshes with a
+pipeline axis larger than 1 the cost model prices, and the pipeline recipes each is searched
+with.
+
+A mesh whose pipeline axis holds S > 1 stages is searched only where cost/pipeline.py prices
+it: dense layers over pipeline, fsdp and data axes. Beside a tensor, sequence or expert axis
+larger than 1, or for a model with MoE layers, it is pruned and counted (PRUNED). Its recipes
+are every searched recipe times the pipeline's micro-batches M in (S, 2S, 4S) and repeats R in
+(1, 2) (GPipe, and the circular schedule of two chunks a stage), each field a recipe pins kept
+as pinned; the counts that do not divide the batch or the layers are dropped by the recipe
+search (cost/recipes.py). Fewer micro-batches and repeats come first: among equal steps the
+search keeps the earlier recipe. On a mesh without a pipeline the pipeline fields are dropped
+(the step reads them only beside a pipeline axis larger than 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..workload.layout import Roles
+from ..workload.spec import ModelSpec
+from .recipes import PIPELINE_FIELDS
+
+PRUNED = "pipeline beside tensor, sequence or expert axes, or MoE layers (not priced)"
+MICROBATCHES = (1, 2, 4)  # the pipeline's micro-batches searched, in stages
+REPEATS = (1, 2)  # the pipeline's repeats searched
+
+
+def pipeline_unpriced(model: ModelSpec, r: Roles) -> bool:
+    """Whether a mesh puts a pipeline beside what cost/pipeline.py does not price yet."""
+    if r.size("pipeline") == 1:
+        return False
+    return bool(model.num_experts) or any(r.size(k) > 1 for k in ("model", "seq", "expert"))
+
+
+def pipeline_recipes(wanted: list[dict[str, Any]], r: Roles) -> list[dict[str, Any]]:
+    """The recipes to search on this mesh: `wanted`, each times the pipeline's fields that it
+    does not pin where the mesh has a pipeline axis larger than 1, else without them."""
+    stages = r.size("pipeline")
+    out: list[dict[str, Any]] = []
+    for w in wanted:
+        if stages == 1:
+            plain = {k: v for k, v in w.items() if k not in PIPELINE_FIELDS}
+            if plain not in out:
+                out.append(plain)
+            continue
+        micro = [w["pipeline_microbatches"]] if "pipeline_microbatches" in w else None
+        repeats = [w["pipeline_repeats"]] if "pipeline_repeats" in w else list(REPEATS)
+        for m in micro or [k * stages for k in MICROBATCHES]:
+            for rep in repeats:
+                out.append(w | {"pipeline_microbatches": m, "pipeline_repeats": rep})
+    return out
