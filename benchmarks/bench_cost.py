@@ -25,6 +25,7 @@ estimates alone.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -149,13 +150,22 @@ def compiled(case: tuple[Any, ...], plan: Any, cache: Path | None) -> dict[str, 
     """The compile report of a case as plain data (from the cache when it has it)."""
     from loadax_mesh.compiler.report import compile_step
 
-    path = None if cache is None else cache / ("_".join(map(str, case)) + ".json")
+    path = None if cache is None else cache_path(cache, case)
     if path is not None and path.exists():
         return json.loads(path.read_text())
     report = compile_step(plan, model_of(case), train_of(case)).to_dict()
     if path is not None:
         path.write_text(json.dumps(report))
     return report
+
+
+def cache_path(cache: Path, case: tuple[Any, ...]) -> Path:
+    """Where a case's compile report is kept: its fields joined, a long name cut and hashed
+    (a file name holds at most 255 bytes)."""
+    name = "_".join(map(str, case))
+    if len(name) > 200:
+        name = name[:160] + "-" + hashlib.sha1(name.encode()).hexdigest()[:16]
+    return cache / (name + ".json")
 
 
 def model_of(case: tuple[Any, ...]) -> ModelSpec:
@@ -374,7 +384,7 @@ def main() -> None:
     for case in CASES:
         if args.only not in "_".join(map(str, case)) or (args.recipes and len(case) < 7):
             continue
-        if args.cached and not (args.cache / ("_".join(map(str, case)) + ".json")).exists():
+        if args.cached and not cache_path(args.cache, case).exists():
             continue
         r = compare(case, args.cache)
         (want, got), (fit_est, fit_comp) = r["memory"], r["fits"]
