@@ -213,7 +213,7 @@ def choose_mesh(
     best_links = dict.fromkeys(names, float(max(1, sum(d > 1 for d in spec.topology))))
     smallest: int | None = None  # the least memory a mesh needs where none fits
     unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
-    fits = f"{1 - headroom:.0%} of memory"
+    fits = f"{1 - headroom:.0%} of memory nor within the model's error of all of it"
     batch_ok = False
     for sizes in _factorisations(n, len(names)):
         r = roles(tuple(zip(names, sizes, strict=True)), batch)
