@@ -22,6 +22,7 @@ from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from . import band as _band
+from .axis_time import AxisTraffic, axis_traffic
 from .calibration import calibration, dcn_slice_bandwidth, matmul_intensity, permute_bandwidth
 from .conditions import host_conditions
 from .flops import step_flops
@@ -37,7 +38,7 @@ from .pipeline import (
     summary,
 )
 from .time import StepTime, step_time
-from .traffic import AxisTraffic, axis_traffic, collectives
+from .traffic import collectives
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan

@@ -49,12 +49,13 @@ from ..hardware.traits import attention_kernel
 from ..workload.layout import Roles, param_shapes, regathered, regathered_weights, stages_of
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..workload.stages import STAGED, Stages, staged_shapes
+from .axis_time import AxisTraffic, axis_total
 from .layer_memory import layer_bytes
 from .memory import memory_terms
 from .saved import runs_again
 from .stored import Shapes, stored
 from .time import StepTime, _update_bytes, step_time
-from .traffic import AxisTraffic, Collective, _seconds, layer_collectives, weight_arrays
+from .traffic import Collective, layer_collectives, weight_arrays
 
 
 @dataclass(frozen=True)
@@ -304,37 +305,9 @@ def pipeline_collectives(
 def pipeline_axis(
     found: list[Collective], axis: str, ici: int, dcn: int, efficiency: float, facts: DeviceFacts
 ) -> AxisTraffic:
-    """The pipeline axis's AxisTraffic (traffic.axis_traffic's, role "pipeline"): a
-    collective-permute sends its buffer once to one peer, over ICI (`efficiency` its link
-    factor) or, where the axis spans granules (`dcn` > 1), across them; the rest as there."""
-    mine = tuple(c for c in found if c.axis == axis)
-    seconds = exposed = across = 0.0
-    for c in mine:
-        if c.kind == "collective-permute":
-            inside = outside = 0.0
-            if dcn > 1:
-                outside = c.bytes / facts.need("dcn_bandwidth") + facts.need("dcn_latency")
-            else:
-                bandwidth = facts.need("ici_bandwidth") * max(efficiency, 1e-9)
-                inside = c.bytes / bandwidth + facts.need("ici_latency")
-        else:
-            inside, outside = _seconds(c, ici, dcn, efficiency, facts)
-        seconds += (inside + outside) * c.count
-        exposed += (outside + (0.0 if c.overlaps else inside)) * c.count
-        across += outside * c.count
-    total = sum(c.bytes * c.count for c in mine)
-    return AxisTraffic(
-        axis=axis,
-        role="pipeline",
-        ici=ici,
-        dcn=dcn,
-        bytes=total,
-        across_granules=total // ici if dcn > 1 else 0,
-        seconds=seconds,
-        exposed_seconds=exposed,
-        dcn_seconds=across,
-        collectives=mine,
-    )
+    """The pipeline axis's AxisTraffic (axis_time.axis_traffic's, role "pipeline"; a
+    collective-permute priced as one transfer to one peer, axis_time._seconds)."""
+    return axis_total(found, axis, "pipeline", ici, dcn, efficiency, facts)
 
 
 def pipeline_time(

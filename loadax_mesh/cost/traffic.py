@@ -1,4 +1,4 @@
-"""The collectives the reference step runs over each mesh axis, and how long they take.
+"""The collectives the reference step runs over each mesh axis (what they cost: axis_time.py).
 
 Bytes are counted as the compiled program reports them (`compile.CompileReport`): the full
 buffer over the group (all-gather's result, reduce-scatter's input, the others' buffer), per
@@ -59,9 +59,8 @@ plus one latency per step.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles, regathered, regathered_weights
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
@@ -81,28 +80,6 @@ class Collective:
     bytes: int
     count: int
     overlaps: bool
-
-
-@dataclass(frozen=True)
-class AxisTraffic:
-    """Everything one mesh axis carries in a step, and the time it takes."""
-
-    axis: str
-    role: str
-    ici: int
-    dcn: int
-    bytes: int  # per step, summed over collectives (as the compiler counts them)
-    across_granules: int  # of which cross granules: as `compile` splits them, a ring's steps
-    # between granules, dcn of its n = ici * dcn steps
-    seconds: float
-    exposed_seconds: float  # the part that cannot hide behind compute
-    dcn_seconds: float  # of which across granules (DCN or the scale-out network): exposed
-    collectives: tuple[Collective, ...]
-
-    def to_dict(self) -> dict[str, object]:
-        data = asdict(self)
-        data["collectives"] = [asdict(c) for c in self.collectives]
-        return data
 
 
 def collectives(
@@ -332,69 +309,3 @@ def exchanges(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collecti
             Collective(roles.expert, "all-to-all", "expert ids", ids, (1 + again) * runs, False)
         )
     return found
-
-
-def axis_traffic(
-    found: list[Collective],
-    roles: Roles,
-    factors: dict[str, tuple[int, int]],
-    efficiency: dict[str, float],
-    facts: DeviceFacts,
-) -> dict[str, AxisTraffic]:
-    """Per mesh axis: bytes split into ICI and DCN phases and their time. `factors` gives each
-    axis's (ici, dcn) sizes, `efficiency` its ICI bandwidth factor (the plan's
-    `AxisQuality.link_factor`)."""
-    role = {
-        roles.expert: "expert",
-        roles.fsdp: "fsdp",
-        roles.model: "tensor",
-        roles.seq: "sequence",
-    }
-    out = {}
-    for axis, _ in roles.sizes:
-        ici, dcn = factors[axis]
-        mine = tuple(c for c in found if c.axis == axis)
-        total = sum(c.bytes * c.count for c in mine)
-        seconds = exposed = across = 0.0
-        for c in mine:
-            inside, outside = _seconds(c, ici, dcn, efficiency.get(axis, 1.0), facts)
-            seconds += (inside + outside) * c.count
-            exposed += (outside + (0.0 if c.overlaps else inside)) * c.count
-            across += outside * c.count
-        out[axis] = AxisTraffic(
-            axis=axis,
-            role=role.get(axis, "data" if axis in roles.batch else "none"),
-            ici=ici,
-            dcn=dcn,
-            bytes=total,
-            across_granules=total // ici if dcn > 1 else 0,
-            seconds=seconds,
-            exposed_seconds=exposed,
-            dcn_seconds=across,
-            collectives=mine,
-        )
-    return out
-
-
-def _seconds(
-    c: Collective, ici: int, dcn: int, efficiency: float, facts: DeviceFacts
-) -> tuple[float, float]:
-    """Seconds of one run: (an ICI phase over the granule's members, a DCN phase across
-    granules). An all-gather's ICI phase gathers 1/dcn of the buffer (a reduce-scatter's
-    reduces it last); an all-reduce is a reduce-scatter and an all-gather over both. The DCN
-    phase runs between the devices at the same place in each granule, each holding 1/ici of
-    the buffer: it moves (dcn - 1) / dcn of that share per device (twice for an all-reduce),
-    over the device's own share of its host's network."""
-    factor = 2 if c.kind == "all-reduce" else 1  # an all-to-all: each device's 1/n to each peer
-    inside = outside = 0.0
-    if ici > 1:
-        size = c.bytes if c.kind == "all-reduce" else c.bytes // dcn
-        bandwidth = facts.need("ici_bandwidth") * 2 * max(efficiency, 1e-9)
-        inside = factor * (ici - 1) * (size / ici / bandwidth + facts.need("ici_latency"))
-    if dcn > 1:
-        outside = (
-            factor
-            * (dcn - 1)
-            * (c.bytes / ici / dcn / facts.need("dcn_bandwidth") + facts.need("dcn_latency"))
-        )
-    return inside, outside
