@@ -188,6 +188,12 @@ def comparison() -> list[str]:
             f"{schedule_text(b, price(b))}): estimated {ratio:.3f}x, {order} as measured, "
             f"{ratio / measured:.3f} of the measured ratio"
         )
+        # how far the ratio rides on the micro-batch count the source does not state
+        others = []
+        for m in (16, 32):
+            ab = [s | {"train": s["train"] | {"pipeline_microbatches": m}} for s in (a, b)]
+            others.append(f"M {m}: {schedule_ratio(*ab):.3f}x")
+        lines.append(f"  the same stand-in at other micro-batch counts: {', '.join(others)}")
     return lines
 
 
