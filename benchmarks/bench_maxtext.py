@@ -51,6 +51,7 @@ CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
     ("tpu-v5p-128", "fsdp_ep", MIXTRAL_4L, 64, {}),  # fsdp 16 x expert 4, dropless
     ("tpu-v5p-16", "fsdp", MIXTRAL_4L, 8, {}),  # experts on fsdp 8 (shard_exp_on_fsdp)
     ("tpu-v5p-128", "pipeline4_fsdp", "llama3-8b", 64, {}),  # GPipe: 4 stages x fsdp 16
+    ("tpu-v5p-128", "pipeline4_fsdp", "llama3-8b", 64, {"pipeline_repeats": 2}),  # circular
 ]
 # Meshes no preset names: (mesh_shape, mesh_axis_names, batch_axis_names) of a MeshConfig.
 MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {

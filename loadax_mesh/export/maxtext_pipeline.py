@@ -11,7 +11,14 @@ stages and divide the batch of one forward pass (per_device_batch_size x devices
 recommends `scan_layers=false` with a pipeline, the pipeline iterations scanned instead. The
 layers it does not pipeline run with `stage` acting as data: for DeepSeek the dense and
 leading MoE layers before the pipeline (only MoE layers are pipelined), for other models the
-layers after it.
+layers after it. Remat (layers/pipeline.py, layers/nnx_decoders.py): with the defaults
+`set_remat_policy_on_pipeline_iterations=true` and `scan_pipeline_iterations=true` one
+`jax.checkpoint` wraps a whole iteration, its policy saving the names `iteration_input` and
+`decoder_layer_input` (plus the remat policy's, none for `full`); the NNX pipeline stage
+applies no remat to its layers (`set_remat_policy_on_layers_per_stage` is read only by the
+Linen `get_pipeline_stage_module`, which nothing calls), and turning the iteration's off saves
+every intermediate of every iteration. No key gives the step's per-layer remat, so the export
+leaves these keys at MaxText's defaults and says what they cost.
 """
 
 from __future__ import annotations
@@ -76,6 +83,15 @@ def pipeline_keys(
         "layers pipelined; scan_layers=false as base.yml recommends (MaxText scans the "
         "pipeline iterations)"
     ]
+    if st.per_chunk > 1:
+        notes.append(
+            "memory: MaxText remats a pipeline iteration as one block (its default "
+            "set_remat_policy_on_pipeline_iterations, keeping each layer's input; at e591f30 no "
+            "key remats the layers inside a stage), so the backward pass of an iteration holds "
+            f"the recomputed intermediates of all {st.per_chunk} layers of a chunk at once, "
+            "the step one layer's: MaxText needs more memory than the estimate (measured in "
+            "docs/exports.md)"
+        )
     if st.layers < model.num_layers and model.name not in LEADING_REST:
         notes.append(
             f"approximate: MaxText pipelines the first {st.layers} layers and runs the other "

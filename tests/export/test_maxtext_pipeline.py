@@ -50,6 +50,19 @@ def test_gpipe_on_one_slice_resolves_every_pipeline_key() -> None:
     _maxtext_accepts(keys, 64, LLAMA.num_layers)
     assert any(n.startswith("pipeline -> stage: 4 stages (GPipe)") for n in config.notes)
     assert not any("pipelines the first" in n for n in config.notes)
+    # MaxText remats the iteration as one block: its backward pass holds a chunk's 8 layers
+    assert any("intermediates of all 8 layers of a chunk" in n for n in config.notes)
+
+
+def test_the_block_remat_note_appears_only_where_a_chunk_has_several_layers() -> None:
+    plan = _plan("tpu-v5p-128")
+    for repeats, per_chunk in ((2, 4), (8, 1)):
+        train = TrainSpec(global_batch=64, pipeline_repeats=repeats)
+        config = plan.to_maxtext(train, model=LLAMA, order=False)
+        assert config.keys["num_layers_per_pipeline_stage"] == str(per_chunk)
+        said = [n for n in config.notes if n.startswith("memory: MaxText remats")]
+        assert len(said) == (per_chunk > 1)
+        assert all(f"all {per_chunk} layers" in n for n in said)
 
 
 def test_circular_over_two_slices_names_the_dcn_stages_and_the_layer_order() -> None:
