@@ -101,6 +101,7 @@ def ranking_data(ranking: Ranking) -> dict[str, Any]:
         "planned": ranking.planned,
         "unsearched": ranking.unsearched,
         "assumed": ranking.assumed,
+        "pipeline_stages_searched": list(ranking.stages),  # by default, across granules
         "choices": [
             {
                 "ici_mesh_shape": list(c.ici),

@@ -172,9 +172,15 @@ def stage_lines(plan: PlanView, *, most: int = 12) -> list[str]:
         out.append(
             f"             stage {s}: {plan.granule_kind}{'s' * (len(granules) > 1)} "
             f"{span_text(granules)}, "
-            f"host{'s' * (len(hosts) > 1)} {span_text(hosts)}, device ids {span_text(ids)}"
+            f"host{'s' * (len(hosts) > 1)} {_capped(hosts)}, device ids {_capped(ids)}"
         )
     return out
+
+
+def _capped(values: list[int], most: int = 72) -> str:
+    """span_text, or where that is longer than `most` characters its count and ends."""
+    text = span_text(values)
+    return text if len(text) <= most else f"{len(values)} from {values[0]} to {values[-1]}"
 
 
 def _cell_data(plan: PlanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
