@@ -52,7 +52,8 @@ def pipeline_lines(ranking: Ranking) -> list[str]:
     line = (
         f"{_place(ranking, staged)} {_mesh(s)} pp{pipe.stages} M{pipe.microbatches} "
         f"R{pipe.repeats}: bubble {pipe.bubble:.1%} ({pipe.iterations} iterations of "
-        f"{pipe.microbatches} micro-batches x {pipe.repeats} repeats), compute "
+        f"{pipe.microbatches} micro-batches x {pipe.repeats} repeat{'s' * (pipe.repeats > 1)}), "
+        f"compute "
         f"{s.time.compute:.2f} s; stage-to-stage {size_text(moved)} a step over {where}{took}; "
         f"the pipeline axis {size_text(a.bytes)}, {a.seconds:.2f} s; across granules "
         f"{s.time.across_granules:.2f} s{_dcn_axes(s)}"
@@ -74,19 +75,24 @@ def _why(s: Estimate, p: Estimate) -> str:
     rest = (s.step_seconds - p.step_seconds) - compute - dcn
     verdict = "wins" if s.step_seconds < p.step_seconds else "loses"
     gap = abs(s.step_seconds - p.step_seconds)
-    if verdict == "wins":
+    if compute < 0 or (verdict == "wins" and dcn >= 0):  # no bubble's trade: the terms alone
+        because = f"compute {compute:+.2f} s, across granules {dcn:+.2f} s"
+    elif verdict == "wins":
         because = (
             f"it waits {-dcn:.2f} s less across granules (its stages' traffic against the "
             f"batch axes' over DCN), more than its bubble and recipe add to compute "
             f"({compute:+.2f} s)"
         )
-    elif compute >= dcn:
+    elif dcn <= 0:
         because = (
-            f"its bubble and recipe add {compute:+.2f} s of compute, more than it saves "
-            f"across granules ({dcn:+.2f} s)"
+            f"its bubble and recipe add {compute:+.2f} s of compute, more than the "
+            f"{-dcn:.2f} s it saves across granules"
         )
     else:
-        because = f"its stages wait {dcn:+.2f} s more across granules (compute {compute:+.2f} s)"
+        because = (
+            f"its bubble and recipe add {compute:+.2f} s of compute and its stages wait "
+            f"{dcn:.2f} s more across granules (their traffic against the batch axes' over DCN)"
+        )
     other = f"; other terms {rest:+.2f} s" if abs(rest) >= 0.005 else ""
     return f"the pipeline {verdict} by {gap:.2f} s: {because}{other}"
 
