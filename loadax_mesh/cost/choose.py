@@ -5,15 +5,19 @@ that fit ranked by step time, each with its fastest recipe.
 Candidates are the ordered factorisations of the device count over the axes that the model
 divides (heads, kv heads, d_ff, vocabulary and the residual stream's d_model by the tensor axis;
 d_model by FSDP; the sequence by the sequence axis; the global batch by the batch axes), times
-every way of spreading the granules (slices, NVLink domains) over them. Pruned, and counted:
+every way of spreading the granules (slices, NVLink domains) over them; by default, on several
+granules, the same again behind a pipeline axis wholly across granules (S stages of G / S
+granules each: cost/choose_pipeline.py's `dcn_pipelines`; the shapes and splits are
+cost/choose_space.py's, each mesh's candidates cost/choose_search.py's). Pruned, and counted:
 tensor or sequence axes across granules (their collectives are exposed, DCN makes them strictly
 slower than the same shape with that factor on a batch axis), and pipelines the cost model
 does not price (cost/choose_pipeline.py: pipeline micro-batches and repeats are recipe fields).
 Memory does not depend on device order, so candidates that do not fit are dropped before
 planning; the rest are estimated with perfect rings first, which bounds their real time from
 below, and only those whose bound can still reach the top are planned by the real planner and
-estimated on its rings. The recipes
-each mesh may run are cost/recipes.py's.
+estimated on its rings. The recipes each mesh may run are cost/recipes.py's. Where the search
+found meshes with a pipeline and without, the fastest of each is kept on the ranking (planned
+if not ranked), so that its text can say what the pipeline costs and saves.
 """
 
 from __future__ import annotations
@@ -119,7 +123,10 @@ def choose_mesh(
         model: a ModelSpec or a name from `configs/models/`.
         train: the batch, dtypes and attention (and the recipe when `recipes` pins it).
         axes: the mesh axes whose shapes and ICI/DCN splits are searched; None (default):
-            AXES, and for a model with experts MOE_AXES (with the expert axis).
+            AXES, and for a model with experts MOE_AXES (with the expert axis); on hardware
+            of several granules also those axes behind a `pipeline` axis of S stages wholly
+            across granules, for every S > 1 dividing the granules and the pipelined layers
+            (`Ranking.stages`).
         top: how many choices to return.
         headroom: the share of memory left free, in [0, 1).
         recipes: narrows the recipe search: mappings from recipe fields (RECIPE_FIELDS) to
@@ -142,8 +149,10 @@ def choose_mesh(
 
     Raises:
         MeshConfigError: unknown hardware or model, bad `top`, `headroom` or `recipes`, a batch
-            no mesh's data-parallel degree divides, or no mesh that fits with any recipe
-            searched (the message gives the smallest need).
+            no mesh's data-parallel degree divides, a batch too small for every mesh that fits
+            (the message names global_batch and the smallest multiple of it some mesh fits
+            at), or no mesh that fits with any recipe searched (the message gives the smallest
+            need).
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     # else each mesh's refusal would read as "fits no mesh"
