@@ -35,6 +35,7 @@ CASES = [
     ("tpu-v5p-1024", "llama3-70b", 512),
     ("tpu-v5p-17920", "llama3-70b", 8960),
     ("tpu-v5p-17920", "llama3-405b", 4480),
+    ("tpu-v5p-2048-8", "llama3-405b", 8192),  # 8 slices: pipelines across them searched too
 ]
 
 

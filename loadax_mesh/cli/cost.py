@@ -90,10 +90,13 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
             f"--{flag}"
         )
     model, train = specs(args)
-    fixed = recipe(args)
+    pins = {k: v for k, v in stages(args).items() if k != "pipeline_layers"}
+    fixed = recipe(args) | pins  # the pipeline's fields given pin the search's
     ranking = choose_mesh(args.hardware, model, train, recipes=[fixed], facts=given_facts(args))
     args.chosen_train = ranking[0].train  # what estimate and compile then run
     fields = ("remat", "microbatches", "logits_chunks") + ("moe",) * bool(model.num_experts)
+    if ranking[0].estimate.pipeline is not None:
+        fields += ("pipeline_microbatches", "pipeline_repeats")
     searched = [f"--{k.replace('_', '-')}" for k in fields if k not in fixed]
     return ranking[0].config, ranking, auto_note(ranking, searched)
 

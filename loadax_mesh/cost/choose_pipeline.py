@@ -11,15 +11,19 @@ as pinned; the counts that do not divide the batch or the layers are dropped by 
 search (cost/recipes.py). Fewer micro-batches and repeats come first: among equal steps the
 search keeps the earlier recipe. On a mesh without a pipeline the pipeline fields are dropped
 (the step reads them only beside a pipeline axis larger than 1).
+
+Searched by default (`dcn_pipelines`) on hardware of several granules: a pipeline axis
+wholly across granules, ahead of the search's own axes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..workload.layout import Roles
-from ..workload.spec import ModelSpec
-from .recipes import PIPELINE_FIELDS
+from ..workload.layout import PIPELINE_NAMES, Roles
+from ..workload.spec import ModelSpec, TrainSpec
+from .choose_space import Space
+from .recipes import PIPELINE_FIELDS, divisors
 
 PRUNED = "pipeline beside tensor, sequence or expert axes, or MoE layers (not priced)"
 MICROBATCHES = (1, 2, 4)  # the pipeline's micro-batches searched, in stages
@@ -50,3 +54,24 @@ def pipeline_recipes(wanted: list[dict[str, Any]], r: Roles) -> list[dict[str, A
             for rep in repeats:
                 out.append(w | {"pipeline_microbatches": m, "pipeline_repeats": rep})
     return out
+
+
+def dcn_pipelines(space: Space, granules: int, model: ModelSpec, train: TrainSpec) -> list[Space]:
+    """The pipelines the default search adds to `space` (docs/design.md section 12: over DCN
+    first): a pipeline axis ahead of its axes whose S stages each span G / S whole granules
+    (DCN factor S, ICI factor 1), for every S > 1 dividing the G granules and the pipelined
+    layers (`pipeline_layers`, else all). Only across granules: there the stages replace a batch
+    axis's weight gathers or gradient reductions over the slow network, each step, by their
+    micro-batches' activations; inside a granule FSDP and data parallelism run on the fast
+    links and stages only add their bubble (tests/cost/test_choose_pipeline.py). Stages over
+    ICI as well would multiply the search by the divisors of the device count; an explicit
+    `axes` with a pipeline axis searches them."""
+    if granules == 1 or any(a in PIPELINE_NAMES for a in space.names):
+        return []
+    layers = train.pipeline_layers or model.num_layers
+    name = PIPELINE_NAMES[0]
+    return [
+        Space((name, *space.names), space.batch, ((s, s),))
+        for s in divisors(granules)
+        if s > 1 and layers % s == 0
+    ]

@@ -9,6 +9,7 @@ from ..cost.band import DOES_NOT_FIT, FITS, UNSURE, memory_band
 from ..hardware.given import GIVEN
 from .picture import shape_text
 from .report import size_text, text_table
+from .stages import pipeline_lines
 
 if TYPE_CHECKING:
     from ..cost import Estimate, Ranking
@@ -19,10 +20,17 @@ def auto_note(ranking: Ranking, searched: list[str]) -> str:
     were searched (not given), and the winner's recipe as the command line writes it."""
     what = f" and recipes ({', '.join(searched)} searched)" if searched else ""
     train, moe = ranking[0].train, ranking[0].estimate.moe
+    p = ranking[0].estimate.pipeline
+    stages = (
+        ""
+        if p is None
+        else f", pipeline {p.stages} stages, pipeline microbatches {p.microbatches}, pipeline "
+        f"repeats {p.repeats} (bubble {p.bubble:.1%})"
+    )
     return (
         f"strategy auto: the fastest of {ranking.considered} meshes{what}; recipe remat "
         f"{train.remat_text}, microbatches {train.microbatches}, logits chunks "
-        f"{train.logits_chunks}" + (f", moe {moe}" if moe else "")
+        f"{train.logits_chunks}" + (f", moe {moe}" if moe else "") + stages
     )
 
 
@@ -75,6 +83,7 @@ def ranking_text(ranking: Ranking) -> str:
         f"{ranking.planned} planned on the real rings{unsearched}{assumed}; recipe: remat x "
         f"micro-batches [/ logits chunks]{moe}{pp}\n{text_table(rows)}"
         + "".join(f"\n           {m}" for m in marks)
+        + "".join(f"\n{line}" for line in pipeline_lines(ranking))
     )
 
 
@@ -92,6 +101,7 @@ def ranking_data(ranking: Ranking) -> dict[str, Any]:
         "planned": ranking.planned,
         "unsearched": ranking.unsearched,
         "assumed": ranking.assumed,
+        "pipeline_stages_searched": list(ranking.stages),  # by default, across granules
         "choices": [
             {
                 "ici_mesh_shape": list(c.ici),

@@ -20,6 +20,7 @@ from ..hardware.devices import DeviceTable
 from ..quality import AxisQuality
 from ..shapes import HybridMeshShape
 from ..solver.hybrid import Layout
+from ..workload.layout import PIPELINE_NAMES
 
 
 class PlanView(Protocol):
@@ -134,6 +135,52 @@ def shape_text(shape: Any, *, drop_ones: bool = False, compact: bool = False) ->
     if compact:
         return "(" + ",".join(map(str, shape)) + ")"
     return str(tuple(shape))
+
+
+def span_text(ids: list[int]) -> str:
+    """`[0, 1, 2, 5]` -> `0-2,5`."""
+    parts, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            a, b = ids[start], ids[i - 1]
+            parts.append(str(a) if a == b else f"{a}-{b}")
+            start = i
+    return ",".join(parts)
+
+
+def stage_lines(plan: PlanView, *, most: int = 12) -> list[str]:
+    """Which granules, hosts and devices form each stage of the plan's pipeline axis (none
+    without one larger than 1); `most` stages listed, the rest counted."""
+    axis = next((a for a in plan.axis_names if a in PIPELINE_NAMES and plan.shape[a] > 1), None)
+    if axis is None:
+        return []
+    k, stages = plan.axis_names.index(axis), plan.shape[axis]
+    rows = np.moveaxis(plan.layout.index, k, 0).reshape(stages, -1)  # device table rows
+    lead = k == 0 or math.prod(plan.devices.shape[:k]) == 1  # a stage is a run of the grid
+    out = [
+        f"stages     {axis}={stages}: each stage runs 1/{stages} of the pipelined layers, "
+        "its activations passed to the next by collective-permute on this axis"
+        + ("; the grid draws the stages one after the other" if lead else "")
+    ]
+    shown = list(range(stages)) if stages <= most else [*range(most - 2), stages - 2, stages - 1]
+    for s in shown:
+        if stages > most and s == stages - 2:
+            out.append(f"             ... {stages - most} more stages")
+        granules = sorted(set(plan.layout.granule[rows[s]].tolist()))
+        hosts = sorted(set(plan.table.process_index[rows[s]].tolist()))
+        ids = sorted(plan.table.ids[rows[s]].tolist())
+        out.append(
+            f"             stage {s}: {plan.granule_kind}{'s' * (len(granules) > 1)} "
+            f"{span_text(granules)}, "
+            f"host{'s' * (len(hosts) > 1)} {_capped(hosts)}, device ids {_capped(ids)}"
+        )
+    return out
+
+
+def _capped(values: list[int], most: int = 72) -> str:
+    """span_text, or where that is longer than `most` characters its count and ends."""
+    text = span_text(values)
+    return text if len(text) <= most else f"{len(values)} from {values[0]} to {values[-1]}"
 
 
 def _cell_data(plan: PlanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:

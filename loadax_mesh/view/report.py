@@ -22,7 +22,7 @@ from ..hardware.tori import wraparound
 from ..hardware.traits import platform_traits
 from ..hardware.words import count_text
 from ..jobs.batch import shard_blocks
-from .picture import PlanView, render_grid, render_svg, shape_text
+from .picture import PlanView, render_grid, render_svg, shape_text, span_text, stage_lines
 
 __all__ = ["HostRows", "hardware_summary", "host_rows", "render_grid", "render_svg", "render_text"]
 
@@ -162,17 +162,6 @@ def _fmt_ranges(ranges: tuple[tuple[int, int], ...]) -> str:
     return ", ".join(f"{a}:{b}" for a, b in ranges)
 
 
-def _span(ids: list[int]) -> str:
-    """`[0, 1, 2, 5]` -> `0-2,5`."""
-    parts, start = [], 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            a, b = ids[start], ids[i - 1]
-            parts.append(str(a) if a == b else f"{a}-{b}")
-            start = i
-    return ",".join(parts)
-
-
 # -- the report ----------------------------------------------------------------------------
 
 
@@ -200,6 +189,7 @@ def render_text(
             f"{q.efficiency:>9.3f} {f'{q.ring_steps}/{q.hops}':>13} "
             f"{f'{q.dcn_crossings} ({ok})':>14}"
         )
+    lines += stage_lines(plan)
     batch = [a for a in plan.axis_names if a in plan.batch_axis_names]
     lines += [
         "",
@@ -260,7 +250,7 @@ def _rows_text(rows: list[HostRows], global_batch: int, degree: int) -> list[str
             out.append(f"             ... {len(items) - 10} more (all of them: --format json)")
         out.append(
             f"             rows {_fmt_ranges(ranges):<16} host{'s' * (len(hosts) > 1)} "
-            f"{_span(hosts)}"
+            f"{span_text(hosts)}"
         )
     return out
 

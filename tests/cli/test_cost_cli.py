@@ -111,3 +111,42 @@ def test_estimate_shows_small_sizes_in_mb(capsys):
     code, out, _ = run(capsys, *argv, "--global-batch", "64")
     terms = next(line for line in out.splitlines() if line.lstrip().startswith("params "))
     assert code == 0 and " MB" in terms and "0.00 GB" not in terms
+
+
+@pytest.mark.slow  # three searches of 512 GPUs, about a second of CPU each
+def test_plan_auto_searches_pipelines_and_prints_their_terms_and_stages(capsys):
+    # 64 H100 hosts on a 10 Gb/s network a GPU: the default search weighs stages across hosts
+    hardware, slow = "gpu-p5.48xlarge-512", "network_per_gpu=10Gbps"
+    argv = ["plan", hardware, "--strategy", "auto", "--model", "llama3-70b"]
+    argv += ["--global-batch", "512", "--fact", slow]
+    facts = {"network_per_gpu": "10Gbps"}
+    best = choose_mesh(hardware, "llama3-70b", TrainSpec(global_batch=512), facts=facts)
+    p = best[0].estimate.pipeline
+    assert p is not None  # the premise: a pipeline wins here (tests/cost/test_choose_pipeline.py)
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    assert "pipelines  searched across granules: 2, 4, 8, 16 stages" in out
+    assert f"pp{p.stages} M{p.microbatches} R{p.repeats}: bubble {p.bubble:.1%}" in out
+    assert "stage-to-stage" in out and "the pipeline wins by" in out
+    # the note carries the pipeline's recipe fields, searched since none was given
+    note = next(line for line in out.splitlines() if line.startswith("note       strategy auto"))
+    assert "--pipeline-microbatches, --pipeline-repeats searched" in note
+    assert (
+        f"pipeline {p.stages} stages, pipeline microbatches {p.microbatches}, pipeline repeats "
+        f"{p.repeats} (bubble {p.bubble:.1%})"
+    ) in note
+    # the report lists each stage's hosts: whole hosts, one run of them per stage
+    stages = [line.split() for line in out.splitlines() if line.startswith("             stage ")]
+    assert len(stages) == p.stages
+    per = 64 // p.stages
+    for s, words in enumerate(stages):
+        assert words[:2] == ["stage", f"{s}:"]
+        assert f"{s * per}-{(s + 1) * per - 1}," in words  # its hosts
+    # a pinned pipeline field pins the search's
+    other = 1 if p.repeats > 1 else 2
+    code, out, _ = run(capsys, *argv, "--pipeline-repeats", str(other), "--format", "json")
+    data = json.loads(out)
+    staged = [c["pipeline"] for c in data["ranking"]["choices"] if c["pipeline"]]
+    assert code == 0 and staged
+    assert all(s["repeats"] == other for s in staged)
+    assert data["ranking"]["pipeline_stages_searched"] == [2, 4, 8, 16]

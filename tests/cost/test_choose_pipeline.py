@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from loadax_mesh.cost.choose import AXES as AXES_DEFAULT
 from loadax_mesh.cost.choose import choose_mesh
 from loadax_mesh.cost.choose_pipeline import PRUNED
 from loadax_mesh.cost.recipes import check_recipes
@@ -83,3 +86,116 @@ def test_405b_on_8_slices_considers_pipelines():
     ranking = choose_mesh("tpu-v5p-2048-8", "llama3-405b", train, axes=AXES, top=20)
     assert ranking.considered > plain.considered
     assert any(c.estimate.pipeline is not None for c in ranking)
+
+
+# -- the default search: pipelines wholly across granules (cost/choose_pipeline.dcn_pipelines)
+
+
+def _plain(ranking):
+    return [c for c in ranking if c.estimate.pipeline is None]
+
+
+def test_default_search_adds_pipelines_across_granules_and_keeps_the_rest():
+    # 4 x v5p-128 over a 1 Gbps DCN: the default axes (no pipeline named) now search stages
+    # across slices too, and a pipeline wins for what it saves on the DCN
+    train = TrainSpec(global_batch=256)
+    ranking = choose_mesh("tpu-v5p-128-4", "llama2-70b", train, top=8, facts=SLOW_DCN)
+    explicit = choose_mesh(
+        "tpu-v5p-128-4", "llama2-70b", train, axes=AXES_DEFAULT, top=8, facts=SLOW_DCN
+    )
+    assert ranking.stages == (2, 4)  # the divisors of 4 slices that divide 80 layers
+    assert explicit.stages == () and explicit.with_pipeline is None
+    best = ranking[0]
+    p = best.estimate.pipeline
+    assert p is not None and best.plan.axis_names[0] == "pipeline"
+    assert (best.ici[0], best.dcn[0]) == (1, p.stages)  # each stage over whole slices
+    # meshes without a pipeline rank as the search without pipelines ranks them
+    plain = _plain(ranking)
+    assert plain and [c.estimate for c in plain] == [c.estimate for c in explicit[: len(plain)]]
+    assert ranking.without_pipeline.estimate == explicit[0].estimate
+    assert ranking.with_pipeline is best
+    # why it wins: less time across slices than the bubble adds to compute
+    s, w = best.estimate, ranking.without_pipeline.estimate
+    saved = w.time.across_granules - s.time.across_granules
+    assert saved > s.time.compute - w.time.compute > 0
+    text = ranking_text(ranking)
+    assert "pipelines  searched across granules: 2, 4 stages" in text
+    assert f"with       1. {_mesh(s)} pp{p.stages} M{p.microbatches} R{p.repeats}: bubble" in text
+    assert f"bubble {p.bubble:.1%}" in text and "stage-to-stage" in text
+    assert f"the pipeline wins by {w.step_seconds - s.step_seconds:.2f} s" in text
+
+
+@pytest.mark.slow  # about 2 s of CPU for the search (16,384 chips)
+def test_405b_on_8_slices_default_search_weighs_a_pipeline_and_says_why_it_loses():
+    # 8 x v5p-2048 at the catalogue's DCN: two stages over 4 slices each (126 layers divide by
+    # 2 of the slice counts' divisors only); with 2 rows per replica the pipeline runs 2
+    # micro-batches, a bubble of 1/3, which costs more than the DCN it saves
+    train = TrainSpec(global_batch=8192)
+    ranking = choose_mesh("tpu-v5p-2048-8", "llama3-405b", train)
+    assert ranking.stages == (2,)
+    assert ranking[0].estimate.pipeline is None
+    staged = ranking.with_pipeline
+    p = staged.estimate.pipeline
+    assert p.stages == 2 and (staged.ici[0], staged.dcn[0]) == (1, 2)
+    assert p.bubble == pytest.approx(1 / 3)
+    s, w = staged.estimate, ranking.without_pipeline.estimate
+    assert w is ranking[0].estimate
+    assert s.time.compute - w.time.compute > s.time.across_granules - w.time.across_granules
+    text = ranking_text(ranking)
+    assert "pipelines  searched across granules: 2 stages" in text
+    assert f"the pipeline loses by {s.step_seconds - w.step_seconds:.2f} s" in text
+    assert "bubble 33.3%" in text
+
+
+H100_64 = "gpu-p5.48xlarge-512"  # 64 hosts of 8 H100s, each host an NVLink domain
+
+
+def test_64_h100_hosts_pipeline_wins_over_a_slow_network_and_loses_on_the_catalogue_one():
+    train = TrainSpec(global_batch=512)
+    fast = choose_mesh(H100_64, "llama3-70b", train)
+    slow = choose_mesh(H100_64, "llama3-70b", train, facts={"network_per_gpu": "10 Gbps"})
+    for ranking in (fast, slow):
+        assert ranking.stages == (2, 4, 8, 16)  # the divisors of 64 hosts that divide 80 layers
+    # catalogue network (400 Gb/s a GPU): FSDP across hosts costs about what the stages
+    # move across them, and the bubble's compute decides
+    s, w = fast.with_pipeline.estimate, fast.without_pipeline.estimate
+    assert fast[0].estimate.pipeline is None and s.step_seconds > w.step_seconds
+    assert s.time.compute - w.time.compute > s.time.across_granules - w.time.across_granules
+    assert "the pipeline loses by" in ranking_text(fast)
+    # 10 Gb/s a GPU: FSDP's weight gathers across hosts wait; the stages' activations less
+    best = slow[0]
+    p = best.estimate.pipeline
+    assert p is not None and (best.ici[0], best.dcn[0]) == (1, p.stages)
+    w = slow.without_pipeline.estimate
+    fsdp_dcn = w.axes["fsdp"].dcn_seconds
+    assert fsdp_dcn > best.estimate.time.across_granules
+    assert "the pipeline wins by" in ranking_text(slow)
+
+
+def test_64_h100_hosts_405b_searches_two_stages_that_do_not_fit():
+    # 126 layers: two stages only; beside a pipeline no offload is priced, and without it
+    # 405B's stage does not fit an 80 GB H100 at this batch: the ranking says so
+    ranking = choose_mesh(H100_64, "llama3-405b", TrainSpec(global_batch=2048), top=3)
+    assert ranking.stages == (2,) and ranking.with_pipeline is None
+    assert all(c.estimate.pipeline is None for c in ranking)
+    assert "none fits or is priced" in ranking_text(ranking)
+
+
+def test_a_batch_too_small_for_every_fitting_mesh_is_named():
+    # 8 rows over 512 H100s: the data-parallel degree is at most 8, so tensor or sequence axes
+    # would span hosts or 405B would not fit; the error names global_batch and what fits
+    model, train = "llama3-405b", TrainSpec(global_batch=8)
+    with pytest.raises(MeshConfigError, match=r"global_batch=8 is too small") as err:
+        choose_mesh(H100_64, model, train)
+    found = re.search(r"e\.g\. global_batch=(\d+)", str(err.value))
+    assert found, err.value
+    accepted = int(found.group(1))
+    assert accepted % 8 == 0 and accepted > 8
+    ranking = choose_mesh(H100_64, model, TrainSpec(global_batch=accepted), top=1)
+    assert ranking[0].plan.data_parallel_size > 8
+    with pytest.raises(MeshConfigError, match="global_batch="):
+        choose_mesh(H100_64, model, TrainSpec(global_batch=accepted // 2))
+
+
+def _mesh(e):
+    return " x ".join(f"{a}={n}" for a, n in e.mesh.items() if n > 1)

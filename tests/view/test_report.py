@@ -189,3 +189,33 @@ def test_one_host_is_not_hosts() -> None:
 
     text = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5litepod-8")).describe()
     assert "8 chips (1 device each), 1 host, 1 slice" in text
+
+
+@pytest.mark.parametrize("order", [("pipeline", "fsdp"), ("fsdp", "pipeline")])
+def test_report_lists_the_devices_of_each_pipeline_stage(order):
+    from loadax_mesh import plan_mesh
+    from loadax_mesh.view.picture import span_text
+    from tests.standins import tpu_slices
+
+    # 4 slices of 16 chips, a pipeline of 4 stages across them (first or last axis)
+    shape = (4, -1) if order[0] == "pipeline" else (-1, 4)
+    plan = plan_mesh(
+        shape,
+        tpu_slices((4, 4, 1), num_slices=4),
+        axis_names=order,
+        batch_axis_names=("fsdp",),
+        hardware="tpu-v4-32-4",
+    )
+    lines = render_text(plan).splitlines()
+    head = next(k for k, line in enumerate(lines) if line.startswith("stages     pipeline=4"))
+    rows = lines[head + 1 : head + 5]
+    k = plan.axis_names.index("pipeline")
+    for s, row in enumerate(rows):
+        devices = np.take(plan.devices, s, axis=k).ravel()
+        slices = sorted({d.slice_index for d in devices})
+        hosts = sorted({d.process_index for d in devices})
+        ids = sorted(d.id for d in devices)
+        assert row.split(":", 1)[0].strip() == f"stage {s}"
+        assert f"slice{'s' * (len(slices) > 1)} {span_text(slices)}," in row
+        assert f"hosts {span_text(hosts)}, device ids {span_text(ids)}" in row
+    assert not any(line.startswith("stages") for line in render_text(v4_two_slices()).splitlines())

@@ -1,0 +1,201 @@
+"""The candidates of `choose_mesh`'s search (cost/choose.py), mesh by mesh: a shape's roles
+checked, its ICI/DCN splits, the recipes that fit each (cost/recipes.py) and the ranking key of
+the fastest on perfect rings (a bound on its key on the planner's rings); what it prunes,
+counted; and where nothing fits, the error that says why (the batch, where a larger one lets a
+mesh fit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import MeshConfigError
+from ..hardware.profile import DeviceFacts
+from ..workload.layout import Roles, check_fit, roles
+from ..workload.spec import ModelSpec, TrainSpec
+from .choose_pipeline import PRUNED, pipeline_recipes, pipeline_unpriced
+from .choose_space import ACROSS, Candidate, Space, across, tally
+from .estimate import Estimate, estimate_parts, holds_tables
+from .recipes import Recipe, fitting_recipes
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The fastest recipe on a mesh: its ranking key, recipe and estimate."""
+
+    key: tuple[Any, ...]
+    train: TrainSpec
+    estimate: Estimate
+    beyond: bool
+
+
+class Search:
+    """The candidates of a search, mesh by mesh, and what it pruned (counted on `ranking`)."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        train: TrainSpec,
+        wanted: list[dict[str, Any]],
+        device: DeviceFacts,
+        headroom: float,
+        granules: int,
+        link: float,
+    ) -> None:
+        self.model, self.train, self.wanted, self.device = model, train, wanted, device
+        self.headroom, self.granules, self.link = headroom, granules, link
+        self.considered = 0  # shapes times splits
+        self.pruned: dict[str, int] = {}  # reason -> count
+        self.batch_ok = False  # whether some mesh's data-parallel degree divides the batch
+        self.smallest: int | None = None  # the least memory a mesh needs where none fits
+        self.unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
+        self.fits = f"{1 - headroom:.0%} of memory nor within the model's error of all of it"
+
+    def mesh(self, space: Space, sizes: tuple[int, ...]) -> list[Candidate]:
+        """The splits of one shape that fit with some recipe, each with its bound."""
+        model, train = self.model, self.train
+        r = roles(tuple(zip(space.names, sizes, strict=True)), space.batch)
+        if pipeline_unpriced(model, r):  # a pipeline the cost model does not price beside these
+            self._prune(space, sizes, PRUNED)
+            return []
+        try:
+            check_fit(model, train, r)
+        except MeshConfigError:
+            self.batch_ok |= train.global_batch % degree(r) == 0
+            self._prune(space, sizes, "the model or batch does not divide")
+            return []
+        self.batch_ok = True
+        links = dict.fromkeys(space.names, self.link)
+        # the recipes that fit, and the least memory of those that do not, by whether the
+        # split holds the embedding tables for a reduction across granules (memory depends on
+        # nothing else of the split)
+        fitting: dict[bool, tuple[list[Recipe], int | None]] = {}
+        out = []
+        for dcn in space.splits(sizes, self.granules):
+            self.considered += 1
+            if across(space.names, r, dcn):
+                tally(self.pruned, ACROSS, 1)
+                continue
+            ici = tuple(s // d for s, d in zip(sizes, dcn, strict=True))
+            factors = dict(zip(space.names, zip(ici, dcn, strict=True), strict=True))
+            held = holds_tables(self.device, r, factors)
+            if held not in fitting:
+                here = pipeline_recipes(self.wanted, r)
+                fitting[held] = fitting_recipes(
+                    model, train, here, r, self.device, held, self.headroom
+                )
+            recipes_here, least = fitting[held]
+            if not recipes_here:
+                if least is not None:
+                    self.smallest = least if self.smallest is None else min(self.smallest, least)
+                else:
+                    self.unpriced.append((r, held))
+                tally(self.pruned, f"no recipe fits in {self.fits}", 1)
+                continue
+            bound = fastest(model, r, factors, links, self.device, recipes_here).key
+            out.append(Candidate(bound, space, r, factors, recipes_here))
+        return out
+
+    def _prune(self, space: Space, sizes: tuple[int, ...], reason: str) -> None:
+        k = space.count(sizes, self.granules)
+        self.considered += k
+        tally(self.pruned, reason, k)
+
+    def no_fit(self, spaces: list[Space], n: int, hardware: str) -> MeshConfigError:
+        """The error where no mesh fits: the batch named where a larger one would let a mesh
+        fit (`larger_batch`), else the smallest need against the hardware's memory."""
+        model, train, device = self.model, self.train, self.device
+        for r, held in self.unpriced:  # priced now, for the message's smallest need
+            least = fitting_recipes(
+                model, train, self.wanted, r, device, held, self.headroom, floor=False
+            )[1]
+            if least is not None:
+                self.smallest = least if self.smallest is None else min(self.smallest, least)
+        names = list(spaces[0].names)
+        least = self.smallest
+        needed = "" if least is None else f" the smallest needs {least / 1e9:.2f} GB"
+        larger = larger_batch(self, spaces, n)
+        if larger is not None:
+            batch, c = larger
+            shape = " x ".join(f"{a}={k}" for a, k in c.roles.sizes if k > 1)
+            crossing = self.pruned.get(ACROSS, 0)
+            why = [f"{crossing} put a tensor or sequence axis across granules"] * bool(crossing)
+            if least is not None:
+                why.append(f"the least memory a device needs is {least / 1e9:.2f} GB")
+            elif any(k.startswith("no recipe fits") for k in self.pruned):
+                why.append("the others need more memory than a device has")
+            return MeshConfigError(
+                f"global_batch={train.global_batch} is too small for model {model.name!r} on "
+                f"{hardware}: no mesh of {names} whose data-parallel degree divides it fits "
+                f"with any recipe searched ({'; '.join(why)}; the hardware has "
+                f"{device.hbm_bytes / 1e9:.2f} GB, of which the choice leaves {self.headroom:.0%}"
+                f" free); accepted: a batch that a larger data-parallel degree divides, e.g. "
+                f"global_batch={batch} (the smallest multiple of {train.global_batch} at which a "
+                f"mesh fits: {shape})"
+            )
+        return MeshConfigError(
+            f"model {model.name!r} with global batch {train.global_batch} fits no mesh of "
+            f"{names} on {hardware} with any recipe searched:{needed} per device, the "
+            f"hardware has {device.hbm_bytes / 1e9:.2f} GB (of which the choice leaves "
+            f"{self.headroom:.0%} free)"
+        )
+
+
+def degree(r: Roles) -> int:
+    """What the global batch must divide by on these roles: the batch axes, and outside the
+    pipelined layers the pipeline axis too."""
+    return r.size("batch") * r.size("pipeline")
+
+
+def fastest(
+    model: ModelSpec,
+    r: Roles,
+    factors: dict[str, tuple[int, int]],
+    efficiency: dict[str, float],
+    facts: DeviceFacts,
+    recipes: list[Recipe],
+) -> Scored:
+    """The fastest of the recipes on this mesh (`efficiency`: each axis's link factor)."""
+    sizes = tuple(s for _, s in r.sizes)
+    scored = []
+    for k, recipe in enumerate(recipes):
+        e = estimate_parts(model, recipe.train, r, factors, efficiency, facts, terms=recipe.terms)
+        unsure = recipe.beyond or bool(e.assumes)
+        scored.append(Scored((unsure, *key(e), k, sizes), recipe.train, e, recipe.beyond))
+    return min(scored, key=lambda s: s.key)
+
+
+def key(e: Estimate) -> tuple[float, float, int]:
+    """Fastest first; among equals, the one that communicates least, then the smallest (the
+    caller adds the recipe's place in the search and the mesh). With perfect rings each part is
+    a lower bound of the planned one, so the key is one too."""
+    return (e.step_seconds, sum(a.seconds for a in e.axes.values()), e.memory_bytes)
+
+
+def larger_batch(search: Search, spaces: list[Space], n: int) -> tuple[int, Candidate] | None:
+    """Where the global batch refused a mesh for its data-parallel degree (`degree`): the
+    smallest multiple of the batch at which one such mesh fits, and that mesh; None if none
+    does. A larger batch asks no more memory of a device (its micro-batches are searched)."""
+    model, train = search.model, search.train
+    waiting: dict[int, list[tuple[Space, tuple[int, ...]]]] = {}  # batch -> meshes it admits
+    for space in spaces:
+        for sizes in space.shapes(n):
+            r = roles(tuple(zip(space.names, sizes, strict=True)), space.batch)
+            need = math.lcm(train.global_batch, degree(r))
+            if need == train.global_batch or pipeline_unpriced(model, r):
+                continue
+            try:
+                check_fit(model, replace(train, global_batch=need), r)
+            except MeshConfigError:
+                continue
+            waiting.setdefault(need, []).append((space, sizes))
+    for need in sorted(waiting):
+        at = Search(model, replace(train, global_batch=need), search.wanted, search.device,
+                    search.headroom, search.granules, search.link)  # fmt: skip
+        for space, sizes in waiting[need]:
+            found = at.mesh(space, sizes)
+            if found:
+                return need, found[0]
+    return None
