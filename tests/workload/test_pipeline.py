@@ -87,6 +87,18 @@ def test_the_pipelined_step_trains_like_one_device(single, model, shape, fields)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("inner", ["tensor", "seq"])
+def test_a_stage_split_over_tensor_or_sequence_trains_like_one_device(single, inner):
+    """Inside a stage the fused attention runs under a shard_map manual over the other axes
+    too (attention.py: jax's cuDNN partitioner cannot run there): each device on its rows and
+    heads (the tensor axis splitting the grouped query and key heads), the sequence whole."""
+    pipelined = plan((2, 2, 2), ("pipeline", "fsdp", inner))
+    got = losses(pipelined, DENSE4)
+    np.testing.assert_allclose(got, losses(single, DENSE4), rtol=1e-5)
+    assert (np.diff(got) < 0).all(), got
+
+
+@pytest.mark.slow
 def test_the_pipelined_gradients_are_one_devices(single):
     """Every weight's gradient (the stage layout taken back to the stacks), not only the
     losses: the transposed ppermutes send each stage's gradient back to the one before."""
