@@ -48,10 +48,11 @@ def _fused(
     object has no attribute 'spec'"), so there the call runs under a `shard_map` manual over
     the other axes too, each device on its rows and heads, the sequence whole (how that
     partitioner splits it); elsewhere the compiler places it."""
-    implementation = "cudnn" if cudnn else None
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+        if cudnn:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
 
     where = shard_map_mesh(mesh)
     if "axis_names" not in where:
