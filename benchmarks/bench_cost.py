@@ -137,11 +137,11 @@ CASES: list[tuple[Any, ...]] = [
     # fsdp 512 as the published recipe, the 256 experts' d_model over it
     ("tpu-v5p-1024", "fsdp", "deepseek-v3:num_layers=4", 3072, "offload"),
     # Pipeline stages (issue 43): LLaMA-3 8B whole in 4 stages over v5p-128, GPipe and two
-    # repeats (circular), 4 micro-batches. (Not on GPU yet: jax's cuDNN attention cannot be
-    # partitioned inside the pipeline's partly manual shard_map, and attention="plain", which
-    # compiles, is not priced by the time model; benchmarks/RESULTS.md 2026-11-29.)
+    # repeats (circular), 4 micro-batches; on two 8-GPU H100 hosts, 2 stages (a host each)
+    # over fsdp 8, GPipe, cuDNN attention inside the stages
     ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 1),
     ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 2),
+    ("gpu-p5.48xlarge-16", "mesh:pipeline=2,fsdp=8", "llama3-8b", 16, "full", 1, 1, 0, 1),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 

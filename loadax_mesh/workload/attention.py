@@ -36,11 +36,32 @@ def attention(
     # padded with zeros, which add zero columns to the output, cut off again.
     width = v.shape[-1]
     v = jnp.pad(v, ((0, 0),) * 3 + ((0, q.shape[-1] - width),))
-    if runs == "cudnn":
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-    else:
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-    return out[..., :width]
+    return _fused(q, k, v, mesh, roles, cudnn=runs == "cudnn")[..., :width]
+
+
+def _fused(
+    q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, r: Roles, *, cudnn: bool
+) -> jax.Array:
+    """`jax.nn.dot_product_attention` (its cuDNN kernel where `cudnn`). Inside a pipeline
+    stage (a `shard_map` manual over the pipeline axis) jax's custom partitioner for the cuDNN
+    kernel cannot read the stage's partly manual shardings (jax 0.10.2: "'GSPMDSharding'
+    object has no attribute 'spec'"), so there the call runs under a `shard_map` manual over
+    the other axes too, each device on its rows and heads, the sequence whole (how that
+    partitioner splits it); elsewhere the compiler places it."""
+
+    def kernel(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        if cudnn:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+    where = shard_map_mesh(mesh)
+    if "axis_names" not in where:
+        return kernel(q, k, v)
+    # (the XLA path needs no shard_map there; it takes the same one, so that the CPU tests
+    # of the pipelined step's losses run the code the GPU step runs)
+    spec = P(*r.mesh_axes(("batch", None, "heads", None)))
+    run = jax.shard_map(kernel, **where, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
+    return run(q, k, v)
 
 
 def _plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:

@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -38,6 +39,8 @@ from .stages import STAGED, Stages
 
 Params = dict[str, Any]
 Layer = Callable[[jax.Array, Params], tuple[jax.Array, Any]]
+PICKED = "stage_weights"  # a pipelined layer's weights picked from its stage's chunks
+_ALL_BUT_PICKED = jax.checkpoint_policies.save_anything_except_these_names(PICKED)
 
 
 def to_stages(params: Params, st: Stages) -> Params:
@@ -77,14 +80,16 @@ def decoder(
     stages: Stages | None,
     layer: Layer,
     stage_layer: Layer,
+    policy: Any,
     mesh: Mesh,
     act: NamedSharding,
     stage_act: NamedSharding,
 ) -> jax.Array:
     """The decoder layers on the residual stream `x` [batch, seq, d_model]: `layer` (the
-    step's, the batch over the pipeline axis too, its activations `act`) over the layers that
-    are not pipelined, then, with `stages`, `stage_layer` (the step's layer with the roles of
-    a stage, whose activations are `stage_act`) over the pipelined ones."""
+    step's, checkpointed, the batch over the pipeline axis too, its activations `act`) over
+    the layers that are not pipelined, then, with `stages`, `stage_layer` (the step's layer
+    with the roles of a stage, whose activations are `stage_act`, not checkpointed yet: the
+    schedule checkpoints it under `policy`, remat.remat_policy's) over the pipelined ones."""
     if stages is None:
         return _layers(layer, x, params, model)
     lead = stages.lead_dense + stages.lead_moe
@@ -92,7 +97,7 @@ def decoder(
         leading = replace(model, num_layers=lead) if stages.lead_moe else model
         x = _layers(layer, x, params, leading, moe=bool(stages.lead_moe))
     weights = {k.removeprefix(STAGED): v for k, v in params.items() if k.startswith(STAGED)}
-    out = _pipelined(stage_layer, x, weights, st=stages, mesh=mesh, act=stage_act)
+    out = _pipelined(stage_layer, policy, x, weights, st=stages, mesh=mesh, act=stage_act)
     return jax.lax.with_sharding_constraint(out, act)
 
 
@@ -108,7 +113,14 @@ def _layers(
 
 
 def _pipelined(
-    layer: Layer, x: jax.Array, weights: Params, *, st: Stages, mesh: Mesh, act: NamedSharding
+    layer: Layer,
+    policy: Any,
+    x: jax.Array,
+    weights: Params,
+    *,
+    st: Stages,
+    mesh: Mesh,
+    act: NamedSharding,
 ) -> jax.Array:
     """The pipelined layers on `x` [batch, seq, d_model] (weights [R, S, per_chunk, ...]):
     cut into micro-batches, each device keeping its rows (as the step's gradient accumulation
@@ -119,7 +131,7 @@ def _pipelined(
     # pipeline axis, each still split over the stage's batch axes.
     xs = jax.lax.with_sharding_constraint(xs, NamedSharding(mesh, P(None, *act.spec)))
     run = jax.shard_map(
-        partial(_schedule, dtype=x.dtype, layer=layer, st=st),
+        partial(_schedule, dtype=x.dtype, layer=layer, policy=policy, st=st),
         mesh=mesh,
         in_specs=(P(), P(None, st.axis)),
         out_specs=P(st.axis),
@@ -136,11 +148,14 @@ def _pipelined(
     return jnp.moveaxis(out, 0, 1).reshape(x.shape)
 
 
-def _schedule(xs: jax.Array, weights: Params, *, dtype: Any, layer: Layer, st: Stages) -> jax.Array:
+def _schedule(
+    xs: jax.Array, weights: Params, *, dtype: Any, layer: Layer, policy: Any, st: Stages
+) -> jax.Array:
     """One stage's part of the schedule (module docstring): `xs` the micro-batches
     [M, rows, seq, d_model] (float32 across the edge; kept, computed and sent in `dtype`),
-    `weights` this stage's chunks [R, 1, per_chunk, ...]. Returns [1, M, ...] (float32): the
-    pipeline's results on the last stage (zeros elsewhere)."""
+    `weights` this stage's chunks [R, 1, per_chunk, ...], `layer` checkpointed here under
+    `policy`. Returns [1, M, ...] (float32): the pipeline's results on the last stage (zeros
+    elsewhere)."""
     S, R, M, axis = st.stages, st.repeats, st.microbatches, st.axis
     stage = jax.lax.axis_index(axis)
     chunks = {k: v[:, 0] for k, v in weights.items()}
@@ -149,8 +164,17 @@ def _schedule(xs: jax.Array, weights: Params, *, dtype: Any, layer: Layer, st: S
     ring = [(s, (s + 1) % S) for s in range(S)] if R > 1 else [(s, s + 1) for s in range(S - 1)]
 
     def chunk(x: jax.Array, r: jax.Array) -> jax.Array:
-        w = {k: jax.lax.dynamic_index_in_dim(v, r, 0, keepdims=False) for k, v in chunks.items()}
-        return jax.lax.scan(layer, x, w)[0]
+        # Layer i of chunk r picks its weights inside the layer's checkpoint, which does not
+        # save them (no remat policy saves a slice): picked outside, they would be its
+        # inputs, which the backward pass keeps for every layer of every iteration (5 GB a
+        # device in float32 for LLaMA-3 8B on 2 stages x fsdp 8, on GPU). Without a policy
+        # (remat "none": all but the picked weights saved) the layer's compute-dtype casts of
+        # them are still kept every iteration.
+        def one(x: jax.Array, i: jax.Array) -> tuple[jax.Array, Any]:
+            return layer(x, {k: checkpoint_name(v[r, i], PICKED) for k, v in chunks.items()})
+
+        run = jax.checkpoint(one, policy=policy or _ALL_BUT_PICKED)
+        return jax.lax.scan(run, x, jnp.arange(st.per_chunk))[0]
 
     def iteration(carry: tuple[jax.Array, ...], t: jax.Array) -> tuple[Any, None]:
         buffer, received, out = carry

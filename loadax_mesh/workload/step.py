@@ -223,16 +223,18 @@ class Step:
         # whole rows first, then each device keeps its slice of the hidden dim (no all-to-all)
         x = jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, whole), act)
         stage = self._stage  # the layer with the roles of a pipeline stage (pipeline.py)
+        stage_act = stage.spec(("batch", "seq", "hidden"))
         x = decoder(
             x,
             params,
             model=self.model,
             stages=self.stages,
             layer=self._checkpointed(act),
-            stage_layer=stage._checkpointed(stage.spec(("batch", "seq", "hidden"))),
+            stage_layer=partial(stage._layer, act=stage_act),  # checkpointed there
+            policy=remat_policy(self.train),
             mesh=self.mesh,
             act=act,
-            stage_act=stage.spec(("batch", "seq", "hidden")),
+            stage_act=stage_act,
         )
         x = _rms_norm(x, params["final_norm"])
         unembed = params["embed"].T if self.model.tied_embeddings else params["unembed"]

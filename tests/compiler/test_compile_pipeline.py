@@ -1,6 +1,7 @@
 """A pipelined step compiled by libtpu for a v5p-16 (8 chips): LLaMA 3 8B cut to four layers on
-pipeline 2 x fsdp 4. Activations go from stage to stage by collective-permutes over the
-pipeline axis's device groups, once an iteration of the schedule (the bubble included)."""
+pipeline 2 x fsdp 4; and by XLA's CUDA compiler for two 8-GPU hosts with cuDNN attention.
+Activations go from stage to stage by collective-permutes over the pipeline axis's device
+groups, once an iteration of the schedule (the bubble included)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from dataclasses import replace
 import pytest
 
 from loadax_mesh import MeshConfig
+from loadax_mesh.compiler.hlo import HloText, collectives
+from loadax_mesh.compiler.replica_groups import group_axes
 from loadax_mesh.compiler.report import compile_step
 from loadax_mesh.hardware.topology import topology_devices
 from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload.step import make_step
 
 
 @pytest.mark.compile
@@ -34,3 +38,45 @@ def test_a_pipelined_step_compiles_with_collective_permutes_on_the_pipeline_axis
     # (the pipeline acts as data outside the pipelined layers: the embedding's and the
     # unembedding's gradients are all-reduced over it)
     assert any(c.kind == "all-reduce" and c.axes == ("pipeline",) for c in report.collectives)
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_a_pipelined_gpu_step_compiles_with_cudnn_attention():
+    """XLA's CUDA compiler, two 8-GPU hosts as pipeline 2 x fsdp 8, the default attention:
+    jax's cuDNN kernel runs inside the stages (attention.py: under a shard_map manual over the
+    fsdp axis too, where jax's own partitioner for it fails), forward and backward, and the
+    stages send their activations by collective-permutes on the pipeline axis."""
+    plan = MeshConfig((2, 8), ("pipeline", "fsdp"), batch_axis_names=("fsdp",)).plan(
+        topology_devices("gpu-p5.48xlarge-16")
+    )
+    model = replace(
+        ModelSpec.from_name("llama3-8b"),
+        num_layers=2,
+        d_model=1024,
+        d_ff=2048,
+        num_heads=8,
+        num_kv_heads=4,
+        seq_len=1024,
+        vocab_size=4096,
+    )
+    step = make_step(plan.to_jax_mesh(), model, TrainSpec(global_batch=32), batch_axes=("fsdp",))
+    hlo = HloText(step.fn.lower(*step.abstract_args()).compile().as_text())
+    kernels = [
+        i.attributes
+        for body in hlo.computations.values()
+        for i in body
+        if i.opcode == "custom-call" and "__cudnn$fmha" in i.attributes
+    ]
+    assert any("Backward" in k for k in kernels) and any("Backward" not in k for k in kernels)
+    shape = dict(step.mesh.shape)
+    on_pipeline = [
+        c
+        for c in collectives(hlo, 16)
+        if c.kind == "collective-permute"
+        and group_axes(c.groups, shape, pairs=True) == ("pipeline",)
+    ]
+    # 2 micro-batches of 16 rows, 2 a GPU: [2, 1024, 1024] in bfloat16, once an iteration
+    assert step.stages is not None and step.stages.iterations == 3
+    sent = [c for c in on_pipeline if c.count == 3 and c.bytes == 2 * 1024 * 1024 * 2]
+    assert len(sent) >= 2, on_pipeline  # forward and backward

@@ -6,6 +6,8 @@ refused, naming the field; the cost model refuses what it does not price yet."""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import replace
 
 import jax
@@ -87,6 +89,18 @@ def test_the_pipelined_step_trains_like_one_device(single, model, shape, fields)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("inner", ["tensor", "seq"])
+def test_a_stage_split_over_tensor_or_sequence_trains_like_one_device(single, inner):
+    """Inside a stage the fused attention runs under a shard_map manual over the other axes
+    too (attention.py: jax's cuDNN partitioner cannot run there): each device on its rows and
+    heads (the tensor axis splitting the grouped query and key heads), the sequence whole."""
+    pipelined = plan((2, 2, 2), ("pipeline", "fsdp", inner))
+    got = losses(pipelined, DENSE4)
+    np.testing.assert_allclose(got, losses(single, DENSE4), rtol=1e-5)
+    assert (np.diff(got) < 0).all(), got
+
+
+@pytest.mark.slow
 def test_the_pipelined_gradients_are_one_devices(single):
     """Every weight's gradient (the stage layout taken back to the stacks), not only the
     losses: the transposed ppermutes send each stage's gradient back to the one before."""
@@ -109,6 +123,33 @@ def test_the_pipelined_gradients_are_one_devices(single):
     assert set(ours) == set(theirs)
     for name, g in theirs.items():
         np.testing.assert_allclose(ours[name], g, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("remat", "repeats"), [("full", 1), ("full", 2), ("dots", 2)])
+def test_the_backward_pass_keeps_a_stages_weights_once_not_every_iteration(capsys, remat, repeats):
+    """What the backward pass saves of the pipelined layers' weights: the stage's chunks
+    ([repeats x stages, per_chunk, ...] over the mesh), never the weights a layer picks from
+    them once per iteration of the schedule ([iterations x stages, per_chunk, ...]: 1.5 GB
+    a chip more on v5p-128 and 5 GB a GPU on 2 x 8 H100s for LLaMA-3 8B, RESULTS.md)."""
+    p = plan((2, 4))
+    train = TrainSpec(global_batch=8, remat=remat, pipeline_repeats=repeats)
+    step = make_step(p.to_jax_mesh(), DENSE8, train, batch_axes=p.batch_axis_names)
+    params, _, batch = step.abstract_args()
+    jax.ad_checkpoint.print_saved_residuals(step.loss, params, batch)
+    saved = [
+        tuple(int(n) for n in m.group(1).split(","))
+        for m in re.finditer(r"^f32\[([\d,]+)\]", capsys.readouterr().out, re.M)
+    ]
+    st = step.stages
+    assert st is not None and st.iterations > st.repeats
+    matrices = {k: w for k, w in params.items() if k.startswith("stages/") and w.ndim > 4}
+    assert matrices
+    for name, w in matrices.items():
+        layer = w.shape[3:]  # [repeats, stages, per_chunk, *layer]
+        kept = [s[:2] for s in saved if len(s) == w.ndim - 1 and s[2:] == layer]
+        assert kept, name  # the chunks are kept (the backward pass reads them)
+        assert all(math.prod(k) <= math.prod(w.shape[:3]) for k in kept), (name, kept)
 
 
 @pytest.mark.slow
