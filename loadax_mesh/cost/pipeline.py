@@ -55,7 +55,13 @@ from .memory import memory_terms
 from .saved import runs_again
 from .stored import Shapes, stored
 from .time import StepTime, _update_bytes, step_time
-from .traffic import Collective, layer_collectives, weight_arrays
+from .traffic import (
+    Collective,
+    layer_collectives,
+    seq_collectives,
+    tensor_collectives,
+    weight_arrays,
+)
 
 
 @dataclass(frozen=True)
@@ -81,15 +87,12 @@ def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     st = stages_of(model, train, r)
     if st is None:
         return None
-    unpriced = [(f"{role} axis {getattr(r, role)!r}", r.size(role)) for role in ("model", "seq")]
-    unpriced.append((f"expert axis {r.expert!r}", r.size("expert")))
-    for what, size in unpriced:
-        if size > 1:
-            raise MeshConfigError(
-                f"{what} (size {size}) beside the pipeline axis {st.axis!r} is not priced by "
-                "the cost model yet; accepted: a pipelined plan over pipeline, fsdp and data "
-                "axes (`compile_step` compiles the others)"
-            )
+    if r.size("expert") > 1:
+        raise MeshConfigError(
+            f"expert axis {r.expert!r} (size {r.size('expert')}) beside the pipeline axis "
+            f"{st.axis!r} is not priced by the cost model yet; accepted: a pipelined plan over "
+            "pipeline, fsdp, data, tensor and sequence axes (`compile_step` compiles the others)"
+        )
     if model.num_experts or "offload" in train.placements.values():
         field = f"model {model.name!r}: num_experts" if model.num_experts else "remat"
         value = model.num_experts if model.num_experts else train.remat_text
@@ -186,12 +189,16 @@ def pipeline_memory_terms(
     shard = partial(shard_elements, model, st, r, tile=tile)
     saved = partial(layer_bytes, model, saved=True, tile=tile, kernel=kernel)
     lead = st.lead_dense + st.lead_moe
-    kept = st.per_chunk * st.iterations * saved(ts, Shapes.of(model, ts, r), r)
-    kept += lead * saved(train, Shapes.of(model, train, rd), rd)
+    kept_stage = st.per_chunk * st.iterations * saved(ts, Shapes.of(model, ts, r), r)
+    kept = kept_stage + lead * saved(train, Shapes.of(model, train, rd), rd)
+
+    def chunk(nbytes: int) -> int:  # one chunk of a stage's weights (of its R)
+        return shard(nbytes, staged=True) // st.repeats
+
     # Reduced in the compute dtype across data-parallel axes (memory.py): with a data axis
     # every gradient; else only those the pipeline axis replicates (tables, norm, lead layers).
     reduced = shard(cd, staged=None if r.data_parallel_axes() else False)
-    sh = Shapes.of(model, train, r)
+    sh, hidden = Shapes.of(model, train, r), model.d_model // r.size("model")
     return outer | {
         "params": shard(pd),
         "optimizer": 2 * shard(od),
@@ -201,9 +208,20 @@ def pipeline_memory_terms(
         "activations": kept,
         "accumulator": shard(4) * (train.microbatches > 1),
         "layer": max(inner["layer"], outer["layer"] if lead else 0),
-        # The micro-batches at the shard_map's edge in float32 and inside in the compute
-        # dtype, the results likewise, and in the backward pass their gradients.
-        "pipeline buffers": 2 * stored((sh.micro_rows, sh.seq, model.d_model), 4 + cd, tile),
+        # While the stages run: the micro-batches and the results in the compute dtype (the
+        # hidden dim cut over the tensor axis, as the step's activations); their float32
+        # copies at the shard_map's edge are not live then.
+        "pipeline buffers": 2 * stored((sh.micro_rows, sh.seq, hidden), cd, tile),
+        # The scan over iterations saves the chunk of weights each iteration ran, in the
+        # compute dtype; its backward pass copies one iteration's out, and holds that chunk's
+        # float32 gradient beside their running sum (the libtpu buffer assignments of
+        # bench_cost's pipelined cases: benchmarks/RESULTS.md).
+        "stage weights": (st.iterations + 1) * chunk(cd) + chunk(4),
+        # ... and copies out one iteration's saved chunk, per_chunk layers of one micro-batch.
+        "chunk residuals": kept_stage // st.iterations,
+        # The forward pass's logits, which the compiled steps keep until the unembedding's
+        # gradient is taken after the stages' backward pass.
+        "kept logits": outer["logits"] // 2,
     }
 
 
@@ -279,10 +297,27 @@ def pipeline_collectives(
             Collective(a, "all-reduce", "layer weight gradients", (outside + staged) // arrays,
                        arrays * mb, True),
         ]  # fmt: skip
+    # The tensor and sequence axes' activation collectives: the lead layers and the head on a
+    # replica's rows split over the pipeline axis too, the stage's layer passes (the bubble's
+    # included) on a pipeline micro-batch's rows.
+    rd, passes = data_roles(r), st.per_chunk * st.iterations * mb
+    found += _run(
+        tensor_collectives(model, train, rd, layer_runs=lead * mb, head_runs=mb,
+                           overlapped=overlapped)
+        + seq_collectives(model, train, rd, layer_runs=lead * mb)
+    )  # fmt: skip
+    found += _run(
+        tensor_collectives(model, ts, r, layer_runs=passes, head_runs=0, overlapped=overlapped)
+        + seq_collectives(model, ts, r, layer_runs=passes),
+        " in the stages",
+    )
     p = st.axis
     sh, stage = Shapes.of(model, train, r), Shapes.of(model, ts, r)
-    rows = sh.micro_rows * sh.seq * d  # a replica's activations on this device, one slice
-    micro = stage.micro_rows * stage.seq * d * cd  # one pipeline micro-batch's
+    # A replica's activations on this device, one slice, their hidden dim cut over the tensor
+    # axis (the lookup's gradient is gathered whole over it first: traffic.py); one pipeline
+    # micro-batch's likewise.
+    rows = sh.micro_rows * sh.seq * d // m
+    micro = stage.micro_rows * stage.seq * d // m * cd
     # The parameters the pipeline axis replicates, less the input table: its gradient rows
     # are gathered over the axis before the scatter-add (above), not reduced after.
     table = 0 if model.tied_embeddings else model.vocab_size // m * d // r.size("fsdp") * cd
@@ -295,11 +330,16 @@ def pipeline_collectives(
                    False),
         Collective(p, "collective-permute", "their gradient to the last stage", rows * cd, mb,
                    False),
-        Collective(p, "all-gather", "lookup gradient rows", rows * cd, mb, False),
+        Collective(p, "all-gather", "lookup gradient rows", rows * m * cd, mb, False),
         Collective(p, "all-reduce", "unembedding, norm and lead layer gradients",
                    outside - table, mb, True),
     ]  # fmt: skip
     return found
+
+
+def _run(found: list[Collective], where: str = "") -> list[Collective]:
+    """The collectives of `found` that run, each said to run `where`."""
+    return [replace(c, what=c.what + where) for c in found if c.count]
 
 
 def pipeline_axis(
