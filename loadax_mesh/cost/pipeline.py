@@ -13,27 +13,37 @@ pays, as the step does it:
   its L_p / S layers over its replica's rows times (M R + S - 1) / (M R). The bubble's share
   of the schedule is (S - 1) / (M R + S - 1).
 - Memory. A stage's weights (its L_p / S layers, the lead layers, the tables and the final
-  norm), their optimizer state and gradients; what the scan over iterations saves for the
-  backward pass: every iteration's chunk, per_chunk layers of one micro-batch as the remat
-  policy keeps them (the bubble's too); the lead layers' as a plain step's; and the
-  pipeline's buffers: the micro-batches in float32 at the shard_map's edge, kept in the
-  compute dtype inside, the results, and their gradients.
+  norm; cut over fsdp and the tensor axis as a plain step cuts them), their optimizer state
+  and gradients; what the scan over iterations saves for the backward pass: every
+  iteration's chunk, per_chunk layers of one micro-batch as the remat policy keeps them (the
+  bubble's too), and the chunk of weights it ran, in the compute dtype; the lead layers' as
+  a plain step's. While the stages' backward pass runs (libtpu's buffer assignments of
+  bench_cost's pipelined cases): one iteration's saved chunk and weights copied out, that
+  chunk's float32 weight gradient beside their running sum, the pipeline's buffers (the
+  micro-batches and the results in the compute dtype), and the forward pass's logits, kept
+  until the unembedding's gradient is taken after it. Activations are cut over the tensor
+  axis (the residual stream's hidden dim) and the sequence axis as a plain step's.
 - Collectives. FSDP gathers a stage's layer weights every iteration, forward and backward,
   and reduces their gradients every iteration (the step's scan gathers in the layer, as
   MaxText's pipeline does by default), plus the lead layers' and the tables' as a plain step.
-  The pipeline axis carries the stage-to-stage activations (a micro-batch's, in the compute
-  dtype, each iteration forward and back: collective-permutes on the schedule's critical
-  path, exposed), the micro-batches gathered to every stage at entry (an all-gather, and in
-  the backward pass the stages' gradients of them summed in float32: an all-reduce), the
-  last stage's results taken back to the step's layout (an all-to-all forward, a
-  collective-permute of the gradient backward), the lookup's gradient rows gathered for the
-  table's scatter-add, and the unembedding's gradient all-reduced (it is replicated over the
-  pipeline axis). The compiled steps (benchmarks/bench_cost.py's pipelined cases) also
-  reorder the devices of these buffers by permutes spanning the pipeline and fsdp axes
-  together, well under 1% of the step's bytes: not counted.
+  The tensor and sequence axes carry a plain layer's activation collectives (traffic.py's
+  `tensor_collectives`, `seq_collectives`) on each of a stage's layer passes, a pipeline
+  micro-batch's rows each, and the lead layers' and the head's on the rows of the step's
+  layout (the pipeline axis acting as data). The pipeline axis carries the stage-to-stage
+  activations (a micro-batch's, in the compute dtype, each iteration forward and back:
+  collective-permutes on the schedule's critical path, exposed), the micro-batches gathered
+  to every stage at entry (an all-gather, and in the backward pass the stages' gradients of
+  them summed in float32: an all-reduce), the last stage's results taken back to the step's
+  layout (an all-to-all forward, a collective-permute of the gradient backward), all of
+  them cut over the tensor axis as the activations are; the lookup's gradient rows gathered
+  for the table's scatter-add (whole: gathered over the tensor axis first); and the
+  unembedding's gradient all-reduced (it is replicated over the pipeline axis; beside a
+  sequence axis the compiler reduces it over both at once). The compiled steps also reorder
+  the devices of these buffers by permutes spanning the pipeline and fsdp axes together,
+  well under 1% of the step's bytes: not counted.
 
-Priced: dense models (MLA and parallel blocks included) over pipeline, fsdp and data axes.
-Refused with a MeshConfigError: MoE layers, tensor, sequence and expert axes, and offloaded
+Priced: dense models (MLA and parallel blocks included) over pipeline, fsdp, data, tensor and
+sequence axes. Refused with a MeshConfigError: MoE layers, an expert axis, and offloaded
 tensors beside a pipeline (not priced yet).
 """
 
@@ -176,7 +186,8 @@ def pipeline_memory_terms(
     """memory.memory_terms for a pipelined step (module docstring): the terms outside the
     stages as a plain step's with the pipeline axis acting as data, the arguments a stage's,
     the activations every iteration's chunk and the lead layers', the layer term the larger
-    of a stage's layer and a lead layer, and "pipeline buffers"."""
+    of a stage's layer and a lead layer, and the pipelined step's own terms of the layer
+    loop's phase ("pipeline buffers", "stage weights", "chunk residuals", "kept logits")."""
     rd, ts = data_roles(r), stage_train(train, st)
     tile = device.tile
     kernel = attention_kernel(train.attention, device.platform)

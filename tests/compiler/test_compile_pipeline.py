@@ -34,3 +34,25 @@ def test_a_pipelined_step_compiles_with_collective_permutes_on_the_pipeline_axis
     # (the pipeline acts as data outside the pipelined layers: the embedding's and the
     # unembedding's gradients are all-reduced over it)
     assert any(c.kind == "all-reduce" and c.axes == ("pipeline",) for c in report.collectives)
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+@pytest.mark.parametrize("axis", ["model", "seq"])
+def test_the_estimate_of_a_pipeline_beside_a_tensor_or_sequence_axis_meets_the_compile(axis):
+    """pipeline 2 x fsdp 2 x (tensor or sequence) 2 on a v5p-16, four layers: the estimate's
+    bytes on the pipeline axis and on the other within 25% of the compiled step's, its memory
+    within 20% of libtpu's buffer assignment (benchmarks/bench_cost.py's targets)."""
+    from loadax_mesh.cost import estimate
+
+    config = MeshConfig((2, 2, 2), ("pipeline", "fsdp", axis), batch_axis_names=("fsdp",))
+    plan = config.plan(topology_devices("tpu-v5p-16"))
+    model = replace(ModelSpec.from_name("llama3-8b"), num_layers=4)
+    train = TrainSpec(global_batch=16)
+    report = compile_step(plan, model, train)
+    est = estimate(plan, model, train)
+    for a in ("pipeline", axis):
+        got = sum(c.bytes * c.count for c in report.collectives if set(c.spans) == {a})
+        assert est.axes[a].bytes == pytest.approx(got, rel=0.25), a
+    assert report.assigned_bytes is not None
+    assert est.memory_bytes == pytest.approx(report.assigned_bytes, rel=0.20)
