@@ -32,11 +32,11 @@ from .pipeline import (
     pipeline_axis,
     pipeline_collectives,
     pipeline_flops,
-    pipeline_memory_terms,
     pipeline_of,
     pipeline_time,
     summary,
 )
+from .pipeline_memory import pipeline_memory_terms
 from .time import StepTime, step_time
 from .traffic import collectives
 
