@@ -21,7 +21,8 @@ pays, as the step does it:
   bench_cost's pipelined cases): one iteration's saved chunk and weights copied out, that
   chunk's float32 weight gradient beside their running sum, the pipeline's buffers (the
   micro-batches and the results in the compute dtype), and the forward pass's logits, kept
-  until the unembedding's gradient is taken after it. Activations are cut over the tensor
+  until the unembedding's gradient is taken after it (beside a sequence axis it is taken
+  before). Activations are cut over the tensor
   axis (the residual stream's hidden dim) and the sequence axis as a plain step's.
 - Collectives. FSDP gathers a stage's layer weights every iteration, forward and backward,
   and reduces their gradients every iteration (the step's scan gathers in the layer, as
@@ -29,7 +30,9 @@ pays, as the step does it:
   The tensor and sequence axes carry a plain layer's activation collectives (traffic.py's
   `tensor_collectives`, `seq_collectives`) on each of a stage's layer passes, a pipeline
   micro-batch's rows each, and the lead layers' and the head's on the rows of the step's
-  layout (the pipeline axis acting as data). The pipeline axis carries the stage-to-stage
+  layout (the pipeline axis acting as data). The sequence axis, which replicates the
+  weights, also sums each stage layer pass's weight gradients (an all-reduce in the scan's
+  backward pass, every iteration). The pipeline axis carries the stage-to-stage
   activations (a micro-batch's, in the compute dtype, each iteration forward and back:
   collective-permutes on the schedule's critical path, exposed), the micro-batches gathered
   to every stage at entry (an all-gather, and in the backward pass the stages' gradients of
@@ -60,7 +63,7 @@ from ..workload.layout import Roles, param_shapes, regathered, regathered_weight
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..workload.stages import STAGED, Stages, staged_shapes
 from .axis_time import AxisTraffic, axis_total
-from .layer_memory import layer_bytes
+from .layer_memory import layer_bytes, layer_weights
 from .saved import runs_again
 from .stored import Shapes, stored
 from .time import StepTime, _update_bytes, step_time
@@ -259,6 +262,13 @@ def pipeline_collectives(
         + seq_collectives(model, ts, r, layer_runs=passes),
         " in the stages",
     )
+    if r.seq is not None and r.size("seq") > 1:
+        # The sequence axis replicates the weights: the scan's backward pass sums each
+        # iteration's weight gradients (a layer's shard, in the compute dtype) over it before
+        # adding them up, a layer pass at a time (the compiled steps of bench_cost).
+        shard = layer_weights(model, m) * cd // r.size("fsdp")
+        found.append(Collective(r.seq, "all-reduce", "layer weight gradients in the stages",
+                                shard, passes, True))  # fmt: skip
     p = st.axis
     sh, stage = Shapes.of(model, train, r), Shapes.of(model, ts, r)
     # A replica's activations on this device, one slice, their hidden dim cut over the tensor

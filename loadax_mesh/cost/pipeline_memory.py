@@ -73,6 +73,7 @@ def pipeline_memory_terms(
         # ... and copies out one iteration's saved chunk, per_chunk layers of one micro-batch.
         "chunk residuals": kept_stage // st.iterations,
         # The forward pass's logits, which the compiled steps keep until the unembedding's
-        # gradient is taken after the stages' backward pass.
-        "kept logits": outer["logits"] // 2,
+        # gradient is taken after the stages' backward pass; beside a sequence axis they take
+        # it before (two compiles: only the unembedding's gradient shard stays).
+        "kept logits": outer["logits"] // 2 * (r.size("seq") == 1),
     }

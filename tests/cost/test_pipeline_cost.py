@@ -108,11 +108,11 @@ def test_what_is_not_priced_is_refused_by_name(axes, model, fields, named) -> No
 
 
 def _axis_bytes(e, axis: str, stages: bool) -> int:
-    """Bytes of the axis's collectives run in the stages (or outside them)."""
+    """Bytes of the axis's activation collectives run in the stages (or outside them)."""
     return sum(
         c.bytes * c.count
         for c in e.axes[axis].collectives
-        if c.what.endswith(" in the stages") == stages
+        if c.what.endswith(" in the stages") == stages and "weight" not in c.what
     )
 
 
@@ -146,6 +146,15 @@ def test_a_stage_runs_the_activation_collectives_of_its_layer_passes(
     assert _axis_bytes(piped, axis, True) == layer * S // micro * stage_passes
     assert _axis_bytes(piped, axis, False) == plain[L] - L * layer  # the head's (no lead layers)
     assert piped.axes[axis].role == ("tensor" if axis == "model" else "sequence")
+    summed = [c for c in piped.axes[axis].collectives if "weight" in c.what]
+    if axis == "seq":  # it replicates the weights: each pass's gradients summed over it
+        (c,) = summed
+        assert (c.kind, c.count) == ("all-reduce", stage_passes)
+        (layer,) = [g for g in piped.axes["fsdp"].collectives if g.kind == "reduce-scatter"
+                    and g.what == "layer weight gradients"]  # fmt: skip
+        assert c.bytes == layer.bytes // 4  # a layer's gradients, the fsdp shard of them
+    else:
+        assert not summed
     assert piped.axes[axis].exposed_seconds > 0
 
 
