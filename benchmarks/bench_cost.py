@@ -142,6 +142,11 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 1),
     ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 2),
     ("gpu-p5.48xlarge-16", "mesh:pipeline=2,fsdp=8", "llama3-8b", 16, "full", 1, 1, 0, 1),
+    # ... beside a tensor axis (the residual stream cut over it in every stage) and beside a
+    # sequence axis
+    ("tpu-v5p-128", "mesh:pipeline=2,fsdp=8,model=4", "llama3-8b", 64, "full", 1, 1, 0, 1),
+    ("tpu-v5p-128", "mesh:pipeline=4,fsdp=4,model=4", "llama3-8b", 64, "full", 1, 1, 0, 1),
+    ("tpu-v5p-128", "mesh:pipeline=2,fsdp=8,seq=4", "llama3-8b", 64, "full", 1, 1, 0, 1),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 

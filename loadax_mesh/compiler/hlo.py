@@ -301,12 +301,12 @@ def collectives(
             channel = re.search(r"channel_id=(\d+)", i.attributes)
             # megascale sends number their channels apart from the collectives beside them;
             # shard_map's explicit collectives all share channel 1, told apart by their source
-            origin = _ORIGIN.search(i.attributes)
-            key = (
-                f"{'send ' if megascale else ''}channel {channel[1]} {origin and origin[0]}"
-                if channel
-                else i.name
-            )
+            # (one without an origin, as libtpu's all-reduce inside an all-reduce-scatter
+            # fusion: by its shape and groups, which its copies share)
+            found_origin = _ORIGIN.search(i.attributes)
+            origin = found_origin[0] if found_origin else f"{i.shape} {groups_text(i.attributes)}"
+            send = "send " if megascale else ""
+            key = f"{send}channel {channel[1]} {origin}" if channel else i.name
             # one origin run twice in one computation is two ops (a helper called twice, as
             # the MoE block's dispatch and combine: XLA:GPU gives both one frame)
             seen[key] += 1
@@ -316,6 +316,13 @@ def collectives(
     return list(found.values())
 
 
+def groups_text(attributes: str) -> str:
+    """An instruction's replica groups or source-target pairs as written (empty: none)."""
+    found = _GROUPS.search(attributes)
+    return found[0] if found else ""
+
+
+_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs)=(?:\{[{}0-9, ]*\}|\S+)")
 # The op an instruction came from (copies of one op keep it): its jax op name and frame.
 _ORIGIN = re.compile(r'op_name="[^"]*"(?: stack_frame_id=\d+)?')
 _MEGASCALE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')

@@ -32,11 +32,11 @@ from .pipeline import (
     pipeline_axis,
     pipeline_collectives,
     pipeline_flops,
-    pipeline_memory_terms,
     pipeline_of,
     pipeline_time,
     summary,
 )
+from .pipeline_memory import pipeline_memory_terms
 from .time import StepTime, step_time
 from .traffic import collectives
 
@@ -136,8 +136,8 @@ def estimate(
         MeshConfigError: hardware the catalogue does not know, a fact it lacks that the
             estimate cannot answer on a condition, a bad `facts` entry, a model, batch or
             recipe that does not divide over the plan's axes, or pipeline stages beside what
-            cost/pipeline.py does not price yet (MoE layers, tensor, sequence or expert axes,
-            offloaded tensors).
+            cost/pipeline.py does not price yet (MoE layers, an expert axis, offloaded
+            tensors).
     """
     r, factors, efficiency, device = plan_parts(plan, facts)
     check_fit(model, train, r)

@@ -202,7 +202,10 @@ PHASES = {
         "accumulator",
         "reduced gradients",
         "layer",
-        "pipeline buffers",  # a pipelined step's only (cost/pipeline.py)
+        "pipeline buffers",  # these four a pipelined step's only (cost/pipeline.py)
+        "stage weights",
+        "chunk residuals",
+        "kept logits",
     ),
     "tail": ("gradients", "accumulator", "reduced gradients", "embeddings", "held tables"),
 }

@@ -13,27 +13,40 @@ pays, as the step does it:
   its L_p / S layers over its replica's rows times (M R + S - 1) / (M R). The bubble's share
   of the schedule is (S - 1) / (M R + S - 1).
 - Memory. A stage's weights (its L_p / S layers, the lead layers, the tables and the final
-  norm), their optimizer state and gradients; what the scan over iterations saves for the
-  backward pass: every iteration's chunk, per_chunk layers of one micro-batch as the remat
-  policy keeps them (the bubble's too); the lead layers' as a plain step's; and the
-  pipeline's buffers: the micro-batches in float32 at the shard_map's edge, kept in the
-  compute dtype inside, the results, and their gradients.
+  norm; cut over fsdp and the tensor axis as a plain step cuts them), their optimizer state
+  and gradients; what the scan over iterations saves for the backward pass: every
+  iteration's chunk, per_chunk layers of one micro-batch as the remat policy keeps them (the
+  bubble's too), and the chunk of weights it ran, in the compute dtype; the lead layers' as
+  a plain step's. While the stages' backward pass runs (libtpu's buffer assignments of
+  bench_cost's pipelined cases): one iteration's saved chunk and weights copied out, that
+  chunk's float32 weight gradient beside their running sum, the pipeline's buffers (the
+  micro-batches and the results in the compute dtype), and the forward pass's logits, kept
+  until the unembedding's gradient is taken after it (beside a sequence axis it is taken
+  before). Activations are cut over the tensor
+  axis (the residual stream's hidden dim) and the sequence axis as a plain step's.
 - Collectives. FSDP gathers a stage's layer weights every iteration, forward and backward,
   and reduces their gradients every iteration (the step's scan gathers in the layer, as
   MaxText's pipeline does by default), plus the lead layers' and the tables' as a plain step.
-  The pipeline axis carries the stage-to-stage activations (a micro-batch's, in the compute
-  dtype, each iteration forward and back: collective-permutes on the schedule's critical
-  path, exposed), the micro-batches gathered to every stage at entry (an all-gather, and in
-  the backward pass the stages' gradients of them summed in float32: an all-reduce), the
-  last stage's results taken back to the step's layout (an all-to-all forward, a
-  collective-permute of the gradient backward), the lookup's gradient rows gathered for the
-  table's scatter-add, and the unembedding's gradient all-reduced (it is replicated over the
-  pipeline axis). The compiled steps (benchmarks/bench_cost.py's pipelined cases) also
-  reorder the devices of these buffers by permutes spanning the pipeline and fsdp axes
-  together, well under 1% of the step's bytes: not counted.
+  The tensor and sequence axes carry a plain layer's activation collectives (traffic.py's
+  `tensor_collectives`, `seq_collectives`) on each of a stage's layer passes, a pipeline
+  micro-batch's rows each, and the lead layers' and the head's on the rows of the step's
+  layout (the pipeline axis acting as data). The sequence axis, which replicates the
+  weights, also sums each stage layer pass's weight gradients (an all-reduce in the scan's
+  backward pass, every iteration). The pipeline axis carries the stage-to-stage
+  activations (a micro-batch's, in the compute dtype, each iteration forward and back:
+  collective-permutes on the schedule's critical path, exposed), the micro-batches gathered
+  to every stage at entry (an all-gather, and in the backward pass the stages' gradients of
+  them summed in float32: an all-reduce), the last stage's results taken back to the step's
+  layout (an all-to-all forward, a collective-permute of the gradient backward), all of
+  them cut over the tensor axis as the activations are; the lookup's gradient rows gathered
+  for the table's scatter-add (whole: gathered over the tensor axis first); and the
+  unembedding's gradient all-reduced (it is replicated over the pipeline axis; beside a
+  sequence axis the compiler reduces it over both at once). The compiled steps also reorder
+  the devices of these buffers by permutes spanning the pipeline and fsdp axes together,
+  well under 1% of the step's bytes: not counted.
 
-Priced: dense models (MLA and parallel blocks included) over pipeline, fsdp and data axes.
-Refused with a MeshConfigError: MoE layers, tensor, sequence and expert axes, and offloaded
+Priced: dense models (MLA and parallel blocks included) over pipeline, fsdp, data, tensor and
+sequence axes. Refused with a MeshConfigError: MoE layers, an expert axis, and offloaded
 tensors beside a pipeline (not priced yet).
 """
 
@@ -50,12 +63,17 @@ from ..workload.layout import Roles, param_shapes, regathered, regathered_weight
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..workload.stages import STAGED, Stages, staged_shapes
 from .axis_time import AxisTraffic, axis_total
-from .layer_memory import layer_bytes
-from .memory import memory_terms
+from .layer_memory import layer_bytes, layer_weights
 from .saved import runs_again
 from .stored import Shapes, stored
 from .time import StepTime, _update_bytes, step_time
-from .traffic import Collective, layer_collectives, weight_arrays
+from .traffic import (
+    Collective,
+    layer_collectives,
+    seq_collectives,
+    tensor_collectives,
+    weight_arrays,
+)
 
 
 @dataclass(frozen=True)
@@ -81,15 +99,12 @@ def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     st = stages_of(model, train, r)
     if st is None:
         return None
-    unpriced = [(f"{role} axis {getattr(r, role)!r}", r.size(role)) for role in ("model", "seq")]
-    unpriced.append((f"expert axis {r.expert!r}", r.size("expert")))
-    for what, size in unpriced:
-        if size > 1:
-            raise MeshConfigError(
-                f"{what} (size {size}) beside the pipeline axis {st.axis!r} is not priced by "
-                "the cost model yet; accepted: a pipelined plan over pipeline, fsdp and data "
-                "axes (`compile_step` compiles the others)"
-            )
+    if r.size("expert") > 1:
+        raise MeshConfigError(
+            f"expert axis {r.expert!r} (size {r.size('expert')}) beside the pipeline axis "
+            f"{st.axis!r} is not priced by the cost model yet; accepted: a pipelined plan over "
+            "pipeline, fsdp, data, tensor and sequence axes (`compile_step` compiles the others)"
+        )
     if model.num_experts or "offload" in train.placements.values():
         field = f"model {model.name!r}: num_experts" if model.num_experts else "remat"
         value = model.num_experts if model.num_experts else train.remat_text
@@ -159,52 +174,6 @@ def shard_elements(
             cut.append(d // math.prod(dict(r.sizes)[a] for a in axes))
         total += stored(tuple(cut), nbytes, tile)
     return total
-
-
-def pipeline_memory_terms(
-    model: ModelSpec,
-    train: TrainSpec,
-    r: Roles,
-    st: Stages,
-    device: DeviceFacts,
-    *,
-    replicas_across_granules: bool = False,
-) -> dict[str, int]:
-    """memory.memory_terms for a pipelined step (module docstring): the terms outside the
-    stages as a plain step's with the pipeline axis acting as data, the arguments a stage's,
-    the activations every iteration's chunk and the lead layers', the layer term the larger
-    of a stage's layer and a lead layer, and "pipeline buffers"."""
-    rd, ts = data_roles(r), stage_train(train, st)
-    tile = device.tile
-    kernel = attention_kernel(train.attention, device.platform)
-    outer = memory_terms(
-        model, train, rd, device, replicas_across_granules=replicas_across_granules
-    )
-    inner = memory_terms(model, ts, r, device)
-    pd, od, cd = (dtype_bytes(x) for x in (train.param_dtype, train.opt_state_dtype,
-                                           train.compute_dtype))  # fmt: skip
-    shard = partial(shard_elements, model, st, r, tile=tile)
-    saved = partial(layer_bytes, model, saved=True, tile=tile, kernel=kernel)
-    lead = st.lead_dense + st.lead_moe
-    kept = st.per_chunk * st.iterations * saved(ts, Shapes.of(model, ts, r), r)
-    kept += lead * saved(train, Shapes.of(model, train, rd), rd)
-    # Reduced in the compute dtype across data-parallel axes (memory.py): with a data axis
-    # every gradient; else only those the pipeline axis replicates (tables, norm, lead layers).
-    reduced = shard(cd, staged=None if r.data_parallel_axes() else False)
-    sh = Shapes.of(model, train, r)
-    return outer | {
-        "params": shard(pd),
-        "optimizer": 2 * shard(od),
-        "gradients": shard(pd) if outer["gradients"] else 0,
-        "reduced gradients": reduced * bool(outer["reduced gradients"]),
-        "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
-        "activations": kept,
-        "accumulator": shard(4) * (train.microbatches > 1),
-        "layer": max(inner["layer"], outer["layer"] if lead else 0),
-        # The micro-batches at the shard_map's edge in float32 and inside in the compute
-        # dtype, the results likewise, and in the backward pass their gradients.
-        "pipeline buffers": 2 * stored((sh.micro_rows, sh.seq, model.d_model), 4 + cd, tile),
-    }
 
 
 def pipeline_flops(
@@ -279,10 +248,34 @@ def pipeline_collectives(
             Collective(a, "all-reduce", "layer weight gradients", (outside + staged) // arrays,
                        arrays * mb, True),
         ]  # fmt: skip
+    # The tensor and sequence axes' activation collectives: the lead layers and the head on a
+    # replica's rows split over the pipeline axis too, the stage's layer passes (the bubble's
+    # included) on a pipeline micro-batch's rows.
+    rd, passes = data_roles(r), st.per_chunk * st.iterations * mb
+    found += _run(
+        tensor_collectives(model, train, rd, layer_runs=lead * mb, head_runs=mb,
+                           overlapped=overlapped)
+        + seq_collectives(model, train, rd, layer_runs=lead * mb)
+    )  # fmt: skip
+    found += _run(
+        tensor_collectives(model, ts, r, layer_runs=passes, head_runs=0, overlapped=overlapped)
+        + seq_collectives(model, ts, r, layer_runs=passes),
+        " in the stages",
+    )
+    if r.seq is not None and r.size("seq") > 1:
+        # The sequence axis replicates the weights: the scan's backward pass sums each
+        # iteration's weight gradients (a layer's shard, in the compute dtype) over it before
+        # adding them up, a layer pass at a time (the compiled steps of bench_cost).
+        shard = layer_weights(model, m) * cd // r.size("fsdp")
+        found.append(Collective(r.seq, "all-reduce", "layer weight gradients in the stages",
+                                shard, passes, True))  # fmt: skip
     p = st.axis
     sh, stage = Shapes.of(model, train, r), Shapes.of(model, ts, r)
-    rows = sh.micro_rows * sh.seq * d  # a replica's activations on this device, one slice
-    micro = stage.micro_rows * stage.seq * d * cd  # one pipeline micro-batch's
+    # A replica's activations on this device, one slice, their hidden dim cut over the tensor
+    # axis (the lookup's gradient is gathered whole over it first: traffic.py); one pipeline
+    # micro-batch's likewise.
+    rows = sh.micro_rows * sh.seq * d // m
+    micro = stage.micro_rows * stage.seq * d // m * cd
     # The parameters the pipeline axis replicates, less the input table: its gradient rows
     # are gathered over the axis before the scatter-add (above), not reduced after.
     table = 0 if model.tied_embeddings else model.vocab_size // m * d // r.size("fsdp") * cd
@@ -295,11 +288,16 @@ def pipeline_collectives(
                    False),
         Collective(p, "collective-permute", "their gradient to the last stage", rows * cd, mb,
                    False),
-        Collective(p, "all-gather", "lookup gradient rows", rows * cd, mb, False),
+        Collective(p, "all-gather", "lookup gradient rows", rows * m * cd, mb, False),
         Collective(p, "all-reduce", "unembedding, norm and lead layer gradients",
                    outside - table, mb, True),
     ]  # fmt: skip
     return found
+
+
+def _run(found: list[Collective], where: str = "") -> list[Collective]:
+    """The collectives of `found` that run, each said to run `where`."""
+    return [replace(c, what=c.what + where) for c in found if c.count]
 
 
 def pipeline_axis(

@@ -20,7 +20,7 @@ from ..workload.layout import Roles, check_fit, stages_of
 from ..workload.spec import ModelSpec, TrainSpec
 from .band import memory_band
 from .memory import host_bytes, memory_floor, memory_terms, phases
-from .pipeline import pipeline_memory_terms
+from .pipeline_memory import pipeline_memory_terms
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in

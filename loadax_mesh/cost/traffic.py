@@ -101,14 +101,6 @@ def collectives(
     m, L, d, M = roles.size("model"), model.num_layers, model.d_model, train.microbatches
     tables = (1 if model.tied_embeddings else 2) * sh.vocab * d * cd
     shard = model.num_params // (roles.size("fsdp") * m) * cd
-    placed = train.placements
-    # A second forward pass of the attention half (its output projection recomputed), and of
-    # the keys and values (recomputed for the attention kernel's backward pass).
-    again = int(placed["out_proj"] == "recompute")
-    kv_again = int("recompute" in (placed["key"], placed["value"]))
-    # The norms' outputs gathered again to recompute the projections that read them.
-    norms_again = int("recompute" in (placed["query"], placed["key"], placed["value"]))
-    norms_again += int(placed["mlp_in"] == "recompute")
     found: list[Collective] = []
     if model.num_experts:
         shard = shard_bytes(model, roles, cd, None)
@@ -148,47 +140,89 @@ def collectives(
             Collective(a, "all-reduce", "table and norm gradients", outside // rest, rest * M,
                        True),
         ]  # fmt: skip
-    if roles.model is not None and m > 1:
-        t, activation = roles.model, sh.micro_rows * sh.seq * d * cd
-        if model.parallel_block:
-            gathers, reductions, hidden = _parallel_block_runs(placed, L, overlapped=overlapped)
-        else:
-            gathers, reductions = L * (2 + 6 + norms_again), L * (2 + 2 + again)
-            # Overlapped (libtpu): the backward pass's gathers but one that regathers a norm's
-            # output (the recompute's, or for the weight gradients), and one reduce-scatter of
-            # each pass (a windowed matmul); the rest wait.
-            hidden = (L * (6 + norms_again - max(norms_again, 1)), 2 * L) if overlapped else (0, 0)
-        found += [
-            Collective(t, "all-gather", "hidden-cut activations", activation,
-                       (gathers - hidden[0] + 3) * M, False),
-            Collective(t, "reduce-scatter", "block outputs and gradients", activation,
-                       (reductions - hidden[1] + 1) * M, False),
-            Collective(t, "all-reduce", "embedding lookup", activation, M, False),
-        ]  # fmt: skip
-        if overlapped:
-            found += [
-                Collective(t, "all-gather", "backward gathers beside matmuls", activation,
-                           hidden[0] * M, True),
-                Collective(t, "reduce-scatter", "windowed-matmul reductions", activation,
-                           hidden[1] * M, True),
-            ]  # fmt: skip
-        if model.attention == "mla":  # the bottlenecks' gradients, partial over the heads
-            ranks = sh.micro_rows * sh.seq * (model.q_lora_rank + model.kv_lora_rank) * cd
-            found.append(
-                Collective(roles.model, "all-reduce", "latent gradients", ranks, L * M, False)
-            )
+    found += tensor_collectives(
+        model, train, roles, layer_runs=L * M, head_runs=M, overlapped=overlapped
+    )
     if model.num_experts:
         found += exchanges(model, train, roles)
-    if roles.seq is not None and roles.size("seq") > 1:
-        v_dim = model.v_head_dim if model.attention == "mla" else model.head_dim
-        kv = sh.micro_rows * model.seq_len * sh.kv_heads * (model.head_dim + v_dim) * cd
-        found += [
-            Collective(
-                roles.seq, "all-gather", "keys and values", kv, L * (1 + kv_again) * M, False
-            ),
-            Collective(roles.seq, "reduce-scatter", "key and value gradients", kv, L * M, False),
-        ]
+    found += seq_collectives(model, train, roles, layer_runs=L * M)
     return found
+
+
+def tensor_collectives(
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    *,
+    layer_runs: int,
+    head_runs: int,
+    overlapped: bool,
+) -> list[Collective]:
+    """The tensor axis's activation collectives (the module's docstring): a layer's, `layer_runs`
+    times (layer passes times micro-batches), and those outside the layers (the lookup, the
+    final norm's output and its gradient), `head_runs` times; each moves a micro-batch's rows of
+    `train` on these roles. A pipeline stage's layer passes and the step's head are priced
+    apart (cost/pipeline.py)."""
+    t, m = roles.model, roles.size("model")
+    if t is None or m == 1:
+        return []
+    sh, cd, placed = (
+        Shapes.of(model, train, roles),
+        dtype_bytes(train.compute_dtype),
+        train.placements,
+    )
+    activation = sh.micro_rows * sh.seq * model.d_model * cd
+    # A second forward pass of the attention half (its output projection recomputed); the
+    # norms' outputs gathered again to recompute the projections that read them.
+    again = int(placed["out_proj"] == "recompute")
+    norms_again = int("recompute" in (placed["query"], placed["key"], placed["value"]))
+    norms_again += int(placed["mlp_in"] == "recompute")
+    if model.parallel_block:
+        gathers, reductions, hidden = _parallel_block_runs(placed, 1, overlapped=overlapped)
+    else:
+        gathers, reductions = 2 + 6 + norms_again, 2 + 2 + again
+        # Overlapped (libtpu): the backward pass's gathers but one that regathers a norm's
+        # output (the recompute's, or for the weight gradients), and one reduce-scatter of
+        # each pass (a windowed matmul); the rest wait.
+        hidden = (6 + norms_again - max(norms_again, 1), 2) if overlapped else (0, 0)
+    found = [
+        Collective(t, "all-gather", "hidden-cut activations", activation,
+                   (gathers - hidden[0]) * layer_runs + 3 * head_runs, False),
+        Collective(t, "reduce-scatter", "block outputs and gradients", activation,
+                   (reductions - hidden[1]) * layer_runs + head_runs, False),
+        Collective(t, "all-reduce", "embedding lookup", activation, head_runs, False),
+    ]  # fmt: skip
+    if overlapped:
+        found += [
+            Collective(t, "all-gather", "backward gathers beside matmuls", activation,
+                       hidden[0] * layer_runs, True),
+            Collective(t, "reduce-scatter", "windowed-matmul reductions", activation,
+                       hidden[1] * layer_runs, True),
+        ]  # fmt: skip
+    if model.attention == "mla":  # the bottlenecks' gradients, partial over the heads
+        ranks = sh.micro_rows * sh.seq * (model.q_lora_rank + model.kv_lora_rank) * cd
+        found.append(Collective(t, "all-reduce", "latent gradients", ranks, layer_runs, False))
+    return found
+
+
+def seq_collectives(
+    model: ModelSpec, train: TrainSpec, roles: Roles, *, layer_runs: int
+) -> list[Collective]:
+    """The sequence axis's collectives: per layer pass (`layer_runs`: passes times
+    micro-batches) a micro-batch's keys and values gathered along the sequence (again for a
+    recompute that needs them) and their gradients reduce-scattered."""
+    s = roles.seq
+    if s is None or roles.size("seq") == 1 or not layer_runs:
+        return []
+    sh, placed = Shapes.of(model, train, roles), train.placements
+    kv_again = int("recompute" in (placed["key"], placed["value"]))  # recomputed for the kernel
+    v_dim = model.v_head_dim if model.attention == "mla" else model.head_dim
+    cd = dtype_bytes(train.compute_dtype)
+    kv = sh.micro_rows * model.seq_len * sh.kv_heads * (model.head_dim + v_dim) * cd
+    return [
+        Collective(s, "all-gather", "keys and values", kv, (1 + kv_again) * layer_runs, False),
+        Collective(s, "reduce-scatter", "key and value gradients", kv, layer_runs, False),
+    ]
 
 
 def layer_collectives(

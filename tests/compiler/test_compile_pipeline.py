@@ -80,3 +80,23 @@ def test_a_pipelined_gpu_step_compiles_with_cudnn_attention():
     assert step.stages is not None and step.stages.iterations == 3
     sent = [c for c in on_pipeline if c.count == 3 and c.bytes == 2 * 1024 * 1024 * 2]
     assert len(sent) >= 2, on_pipeline  # forward and backward
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+@pytest.mark.parametrize("axis, size", [("model", 4), ("seq", 2)])
+def test_the_estimate_of_a_pipeline_beside_a_tensor_or_sequence_axis_meets_the_compile(axis, size):
+    """pipeline 2 x fsdp 2 x (tensor 4 or sequence 2) on a v5p, four layers: the estimate's
+    bytes on the pipeline axis and on the other within 25% of the compiled step's (those of
+    its collectives that span that axis alone; benchmarks/bench_cost.py's target)."""
+    from loadax_mesh.cost import estimate
+
+    config = MeshConfig((2, 2, size), ("pipeline", "fsdp", axis), batch_axis_names=("fsdp",))
+    plan = config.plan(topology_devices(f"tpu-v5p-{2 * 4 * size}"))
+    model = replace(ModelSpec.from_name("llama3-8b"), num_layers=4)
+    train = TrainSpec(global_batch=16)
+    report = compile_step(plan, model, train)
+    est = estimate(plan, model, train)
+    for a in ("pipeline", axis):
+        got = sum(c.bytes * c.count for c in report.collectives if set(c.spans) == {a})
+        assert est.axes[a].bytes == pytest.approx(got, rel=0.25), a

@@ -205,3 +205,30 @@ def test_shard_map_collectives_sharing_a_channel_are_each_counted():
     found = collectives(HloText(SHARD_MAP), 4)
     assert sorted(c.name for c in found) == ["back", "go", "grad"]
     assert all(c.kind == "all-to-all" and c.bytes == 4 * 128 * 2 for c in found)
+
+
+NO_ORIGIN = """HloModule jit_step, is_scheduled=true
+
+%all-reduce-scatter.9 (input.9: f32[2,256]) -> f32[1,256] {
+  %input.9 = f32[2,256]{1,0} parameter(0)
+  %all-reduce.47 = f32[2,256]{1,0} all-reduce(%input.9), channel_id=1, replica_groups={{0,2},{1,3}}, to_apply=%add
+  %zero = s32[] constant(0)
+  ROOT %slice = f32[1,256]{1,0} dynamic-slice(%all-reduce.47, %zero, %zero), dynamic_slice_sizes={1,256}
+}
+
+ENTRY %main (x: bf16[4,128], y: f32[2,256]) -> bf16[4,128] {
+  %x = bf16[4,128]{1,0} parameter(0)
+  %y = f32[2,256]{1,0} parameter(1)
+  %kv = bf16[4,128]{1,0} all-reduce(%x), channel_id=1, replica_groups={{0,1},{2,3}}, to_apply=%add
+  %sum = f32[1,256]{1,0} fusion(%y), kind=kCustom, calls=%all-reduce-scatter.9
+  ROOT %out = bf16[4,128]{1,0} copy(%kv)
+}
+"""
+
+
+def test_collectives_without_an_origin_sharing_a_channel_are_each_counted():
+    """libtpu leaves some collectives without jax's op name (an all-reduce inside an
+    all-reduce-scatter fusion, another on channel 1 elsewhere): told apart by shape and groups."""
+    found = collectives(HloText(NO_ORIGIN), 4)
+    assert sorted((c.name, c.bytes) for c in found) == [("all-reduce.47", 2 * 256 * 4),
+                                                        ("kv", 4 * 128 * 2)]  # fmt: skip

@@ -66,11 +66,22 @@ def test_pipeline_pins_honoured():
     assert all((p.microbatches, p.repeats) == (4, 1) for p in staged)
 
 
-def test_pipeline_beside_tensor_axes_pruned():
+def test_pipeline_beside_tensor_and_sequence_axes_searched():
     train = TrainSpec(global_batch=64)
-    ranking = choose_mesh("tpu-v5p-64", "llama3-8b", train, axes=(*AXES, "model"), top=2)
+    axes = ("pipeline", "fsdp", "model", "seq")
+    ranking = choose_mesh("tpu-v5p-32", "llama3-8b", train, axes=axes, top=100)
+    assert PRUNED not in ranking.pruned
+    for role in ("model", "seq"):
+        assert any(
+            c.estimate.pipeline is not None and c.estimate.mesh.get(role, 1) > 1 for c in ranking
+        ), role
+
+
+def test_pipeline_beside_moe_layers_pruned():
+    train = TrainSpec(global_batch=64)
+    ranking = choose_mesh("tpu-v5p-64", "mixtral-8x7b", train, axes=AXES, top=5)
     assert ranking.pruned[PRUNED] > 0
-    assert all(c.estimate.pipeline is None or c.estimate.mesh.get("model", 1) == 1 for c in ranking)
+    assert all(c.estimate.pipeline is None for c in ranking)
 
 
 def test_pipeline_recipe_fields_checked():

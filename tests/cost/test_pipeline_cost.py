@@ -15,11 +15,12 @@ LONG = ModelSpec(
     name="long", num_layers=8, d_model=2048, d_ff=8192, num_heads=16, num_kv_heads=8,
     head_dim=128, vocab_size=32768, seq_len=2048,
 )  # fmt: skip
+MOE = replace(LONG, name="long-moe", num_experts=8, experts_per_token=2, moe_d_ff=2048)
 
 
 def plan(hardware: str, **axes: int):
     names = tuple(axes)
-    batch = tuple(a for a in names if a in ("data", "fsdp"))
+    batch = tuple(a for a in names if a in ("data", "fsdp", "expert"))
     config = MeshConfig(mesh_shape=tuple(axes.values()), mesh_axis_names=names,
                         batch_axis_names=batch)  # fmt: skip
     return config.plan(simulate_devices(hardware), selector=hardware)
@@ -95,11 +96,83 @@ def test_a_pipeline_axis_of_one_changes_nothing() -> None:
 @pytest.mark.parametrize(
     "axes, model, fields, named",
     [
-        ({"pipeline": 2, "fsdp": 4, "model": 2}, LONG, {}, "model axis"),
+        ({"pipeline": 2, "fsdp": 4, "expert": 2}, LONG, {}, "expert axis"),
+        ({"pipeline": 2, "fsdp": 8}, MOE, {}, "num_experts"),
         ({"pipeline": 2, "fsdp": 8}, LONG, {"remat": "offload"}, "remat="),
         ({"pipeline": 2, "fsdp": 8}, LONG, {"pipeline_repeats": 3}, "pipeline_repeats=3"),
     ],
 )
 def test_what_is_not_priced_is_refused_by_name(axes, model, fields, named) -> None:
-    with pytest.raises(MeshConfigError, match=named):
+    with pytest.raises(MeshConfigError, match=named):  # the refusal names what is not priced
         estimate(plan("tpu-v5p-32", **axes), model, TrainSpec(global_batch=64, **fields))
+
+
+def _axis_bytes(e, axis: str, stages: bool) -> int:
+    """Bytes of the axis's activation collectives run in the stages (or outside them)."""
+    return sum(
+        c.bytes * c.count
+        for c in e.axes[axis].collectives
+        if c.what.endswith(" in the stages") == stages and "weight" not in c.what
+    )
+
+
+@pytest.mark.parametrize(
+    "hardware, axis, micro, repeats",
+    [
+        ("tpu-v5p-32", "model", 2, 1),
+        ("tpu-v5p-32", "model", 4, 2),
+        ("gpu-p5.48xlarge-16", "model", 2, 1),  # no overlap: every collective waits
+        ("tpu-v5p-32", "seq", 2, 1),
+        ("tpu-v5p-32", "seq", 4, 2),
+    ],
+)
+def test_a_stage_runs_the_activation_collectives_of_its_layer_passes(
+    hardware: str, axis: str, micro: int, repeats: int
+) -> None:
+    """Tensor and sequence axes beside the pipeline: a stage's layer passes (per_chunk of one
+    micro-batch each of the M R + S - 1 iterations, the bubble's included) each run a plain
+    layer's activation collectives, and the head runs its own, on rows split over the pipeline
+    axis too. The plain step (the pipeline axis as data) prices a layer's: its bytes at 8
+    layers less those at 4, over 4."""
+    S, L = 2, 8
+    train = TrainSpec(global_batch=64, pipeline_microbatches=micro, pipeline_repeats=repeats)
+    piped = estimate(plan(hardware, pipeline=S, fsdp=4, **{axis: 2}), LONG, train)
+    flat = plan(hardware, data=S, fsdp=4, **{axis: 2})
+    plain = {n: estimate(flat, replace(LONG, num_layers=n), train).axes[axis].bytes for n in (4, L)}
+    layer = (plain[L] - plain[4]) // 4  # one layer's, on the batch / (S fsdp) rows
+    # a stage's pass moves a micro-batch of batch / (fsdp M) rows: S / M times a plain
+    # layer's bytes, per_chunk (M R + S - 1) passes
+    stage_passes = L // (S * repeats) * (micro * repeats + S - 1)
+    assert _axis_bytes(piped, axis, True) == layer * S // micro * stage_passes
+    assert _axis_bytes(piped, axis, False) == plain[L] - L * layer  # the head's (no lead layers)
+    assert piped.axes[axis].role == ("tensor" if axis == "model" else "sequence")
+    summed = [c for c in piped.axes[axis].collectives if "weight" in c.what]
+    if axis == "seq":  # it replicates the weights: each pass's gradients summed over it
+        (c,) = summed
+        assert (c.kind, c.count) == ("all-reduce", stage_passes)
+        (layer,) = [g for g in piped.axes["fsdp"].collectives if g.kind == "reduce-scatter"
+                    and g.what == "layer weight gradients"]  # fmt: skip
+        assert c.bytes == layer.bytes // 4  # a layer's gradients, the fsdp shard of them
+    else:
+        assert not summed
+    assert piped.axes[axis].exposed_seconds > 0
+
+
+def test_the_tensor_axis_cuts_a_stage_and_its_activations() -> None:
+    """GPU (no memory tiles): a tensor axis of 2 beside the pipeline halves a stage's saved
+    activations and the pipeline's buffers (the hidden dim of the residual stream cut), cuts
+    its layer matrices, and halves what the stages send one another."""
+    train = TrainSpec(global_batch=16, pipeline_microbatches=4)
+    one = estimate(plan("gpu-p5.48xlarge-8", pipeline=2, fsdp=4), LONG, train)
+    two = estimate(plan("gpu-p5.48xlarge-16", pipeline=2, fsdp=4, model=2), LONG, train)
+    for term in ("activations", "pipeline buffers"):
+        assert two.terms[term] * 2 == one.terms[term]
+    assert two.terms["params"] < 0.6 * one.terms["params"]  # the norms stay whole
+    assert two.memory_bytes < one.memory_bytes
+
+    def permute(e):
+        (c,) = [c for c in e.axes["pipeline"].collectives if c.what.startswith("stage-to")]
+        return c.bytes
+
+    assert permute(two) * 2 == permute(one) == 16 // 4 // 4 * 2048 * 2048 * 2
+    assert two.flops == pytest.approx(one.flops / 2)

@@ -306,17 +306,17 @@ def test_the_pipeline_axis_is_no_batch_axis_and_the_batch_must_split_over_it():
         check_fit(DENSE4, TrainSpec(global_batch=4), r)
 
 
-def test_the_cost_model_refuses_the_pipelines_it_does_not_price_yet():
+def test_the_cost_model_prices_tensor_stages_and_refuses_moe_ones():
     staged = MeshConfig.from_preset("pipeline_fsdp_tp", pp=2).plan(
         simulate_devices("tpu-v5p-128-2")
     )
     assert staged.shape["pipeline"] == 2
     model, train = replace(TINY, num_layers=4), TrainSpec(global_batch=64)
-    with pytest.raises(
-        MeshConfigError,
-        match=r"model axis 'model' \(size 4\) beside the pipeline axis 'pipeline' is not priced",
-    ):
-        estimate(staged, model, train)
+    e = estimate(staged, model, train)
+    assert e.pipeline is not None and e.axes["model"].role == "tensor"
+    assert e.axes["model"].bytes > 0
+    with pytest.raises(MeshConfigError, match=r"num_experts=.* with pipeline stages is not priced"):
+        estimate(staged, MOE4, train)
     # without stages the preset is priced as before
     flat = MeshConfig.from_preset("pipeline_fsdp_tp").plan(simulate_devices("tpu-v5p-128"))
     assert estimate(flat, model, train).memory_bytes > 0

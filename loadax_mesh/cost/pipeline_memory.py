@@ -1,0 +1,79 @@
+"""The memory of a pipelined step (cost/pipeline.py's module docstring says what it holds):
+memory.memory_terms's terms, a stage's."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from ..hardware.profile import DeviceFacts
+from ..hardware.traits import attention_kernel
+from ..workload.layout import Roles
+from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ..workload.stages import Stages
+from .layer_memory import layer_bytes
+from .memory import memory_terms
+from .pipeline import data_roles, shard_elements, stage_train
+from .stored import Shapes, stored
+
+
+def pipeline_memory_terms(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    device: DeviceFacts,
+    *,
+    replicas_across_granules: bool = False,
+) -> dict[str, int]:
+    """memory.memory_terms for a pipelined step (module docstring): the terms outside the
+    stages as a plain step's with the pipeline axis acting as data, the arguments a stage's,
+    the activations every iteration's chunk and the lead layers', the layer term the larger
+    of a stage's layer and a lead layer, and the pipelined step's own terms of the layer
+    loop's phase ("pipeline buffers", "stage weights", "chunk residuals", "kept logits")."""
+    rd, ts = data_roles(r), stage_train(train, st)
+    tile = device.tile
+    kernel = attention_kernel(train.attention, device.platform)
+    outer = memory_terms(
+        model, train, rd, device, replicas_across_granules=replicas_across_granules
+    )
+    inner = memory_terms(model, ts, r, device)
+    pd, od, cd = (dtype_bytes(x) for x in (train.param_dtype, train.opt_state_dtype,
+                                           train.compute_dtype))  # fmt: skip
+    shard = partial(shard_elements, model, st, r, tile=tile)
+    saved = partial(layer_bytes, model, saved=True, tile=tile, kernel=kernel)
+    lead = st.lead_dense + st.lead_moe
+    kept_stage = st.per_chunk * st.iterations * saved(ts, Shapes.of(model, ts, r), r)
+    kept = kept_stage + lead * saved(train, Shapes.of(model, train, rd), rd)
+
+    def chunk(nbytes: int) -> int:  # one chunk of a stage's weights (of its R)
+        return shard(nbytes, staged=True) // st.repeats
+
+    # Reduced in the compute dtype across data-parallel axes (memory.py): with a data axis
+    # every gradient; else only those the pipeline axis replicates (tables, norm, lead layers).
+    reduced = shard(cd, staged=None if r.data_parallel_axes() else False)
+    sh, hidden = Shapes.of(model, train, r), model.d_model // r.size("model")
+    return outer | {
+        "params": shard(pd),
+        "optimizer": 2 * shard(od),
+        "gradients": shard(pd) if outer["gradients"] else 0,
+        "reduced gradients": reduced * bool(outer["reduced gradients"]),
+        "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
+        "activations": kept,
+        "accumulator": shard(4) * (train.microbatches > 1),
+        "layer": max(inner["layer"], outer["layer"] if lead else 0),
+        # While the stages run: the micro-batches and the results in the compute dtype (the
+        # hidden dim cut over the tensor axis, as the step's activations); their float32
+        # copies at the shard_map's edge are not live then.
+        "pipeline buffers": 2 * stored((sh.micro_rows, sh.seq, hidden), cd, tile),
+        # The scan over iterations saves the chunk of weights each iteration ran, in the
+        # compute dtype; its backward pass copies one iteration's out, and holds that chunk's
+        # float32 gradient beside their running sum (the libtpu buffer assignments of
+        # bench_cost's pipelined cases: benchmarks/RESULTS.md).
+        "stage weights": (st.iterations + 1) * chunk(cd) + chunk(4),
+        # ... and copies out one iteration's saved chunk, per_chunk layers of one micro-batch.
+        "chunk residuals": kept_stage // st.iterations,
+        # The forward pass's logits, which the compiled steps keep until the unembedding's
+        # gradient is taken after the stages' backward pass; beside a sequence axis they take
+        # it before (two compiles: only the unembedding's gradient shard stays).
+        "kept logits": outer["logits"] // 2 * (r.size("seq") == 1),
+    }
