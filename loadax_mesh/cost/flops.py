@@ -8,6 +8,7 @@ from ..workload.spec import ModelSpec, TrainSpec
 from . import mla
 from .memory import Shapes
 from .moe import expert_rows, moe_op_flops
+from .plain_attention import again_flops, square_flops
 from .saved import runs_again
 
 
@@ -32,6 +33,27 @@ def op_flops(model: ModelSpec) -> dict[str, float]:
     } | latent
 
 
+def executed_op_flops(model: ModelSpec, train: TrainSpec) -> dict[str, float]:
+    """`op_flops` as the step executes them: plain attention (`TrainSpec.attention`) computes
+    the whole square, the masked half too (cost/plain_attention.py)."""
+    ops = op_flops(model)
+    if train.attention == "plain":
+        ops["attention_out"] = square_flops(model)
+    return ops
+
+
+def again_op_flops(
+    model: ModelSpec, train: TrainSpec, ops: dict[str, float], *, moe: bool = False
+) -> float:
+    """FLOPs per token of the ops the backward pass runs again (`saved.runs_again`), from
+    `ops`; plain attention's as cost/plain_attention.py counts them (its weighted values only
+    where the attention's output is recomputed)."""
+    names = runs_again(train, moe=moe, parallel=model.parallel_block)
+    if train.attention != "plain":
+        return sum(ops[t] for t in names)
+    return sum(ops[t] for t in names if t != "attention_out") + again_flops(model, train)
+
+
 def step_flops(
     model: ModelSpec, train: TrainSpec, r: Roles, *, grouped: str = "libtpu"
 ) -> tuple[float, float, float]:
@@ -44,26 +66,28 @@ def step_flops(
     reads (saved.runs_again: under "full" the whole layer but a dense layer's down projection
     and a parallel block's output projection; under every policy but "none" the attention
     kernel's forward), and, with chunked logits, the head of each chunk
-    (the chunk's logits are recomputed, not saved)."""
+    (the chunk's logits are recomputed, not saved). Plain attention executes the whole square
+    (`executed_op_flops`); the model's own FLOPs count the causal half."""
     sh = Shapes.of(model, train, r)
     m = r.size("model")
-    ops = op_flops(model)
+    ops, own = executed_op_flops(model, train), op_flops(model)
     layer = sum(ops.values())
     head = 2 * model.vocab_size * model.d_model
-    again = sum(ops[t] for t in runs_again(train, parallel=model.parallel_block))
+    again = again_op_flops(model, train, ops)
     if model.num_experts:  # its dense layers as above, its MoE layers with their own MLP
         dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
         mixed = ops | moe_op_flops(model, train, r, grouped=grouped)
-        useful = ops | moe_op_flops(model, train, r, executed=False)
+        useful = own | moe_op_flops(model, train, r, executed=False)
         forward = sh.tokens * (dense * layer + moe * sum(mixed.values()) + head) / m
         rows, gradient_rows = expert_rows(model, train, r, grouped=grouped)
         experts = 2.0 * model.mlp_params(model.moe_d_ff)  # per row, forward
         wider = sh.tokens * moe * experts * (gradient_rows - rows) / m  # the weight gradient's
         model_fwd = sh.tokens * (dense * layer + moe * sum(useful.values()) + head) / m
-        moe_again = sum(mixed[t] for t in runs_again(train, moe=True))
+        moe_again = again_op_flops(model, train, mixed, moe=True)
         again_all = dense * again + moe * moe_again
         recompute = sh.tokens * (again_all + head * (train.logits_chunks > 1)) / m
         return 3 * forward + wider + recompute, 3 * model_fwd, recompute
     forward = sh.tokens * (model.num_layers * layer + head) / m
+    model_fwd = sh.tokens * (model.num_layers * sum(own.values()) + head) / m
     recompute = sh.tokens * (model.num_layers * again + head * (train.logits_chunks > 1)) / m
-    return 3 * forward + recompute, 3 * forward, recompute
+    return 3 * forward + recompute, 3 * model_fwd, recompute

@@ -64,7 +64,6 @@ from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..workload.stages import STAGED, Stages, staged_shapes
 from .axis_time import AxisTraffic, axis_total
 from .layer_memory import layer_bytes, layer_weights
-from .saved import runs_again
 from .stored import Shapes, stored
 from .time import StepTime, _update_bytes, step_time
 from .traffic import (
@@ -183,13 +182,13 @@ def pipeline_flops(
     lead layers and the head over the device's rows split over the pipeline axis too; the
     stage's layers `stage_passes` times over its replica's rows (the bubble's zeros
     computed); the model's own FLOPs those of a plain step over every axis."""
-    from .flops import op_flops, step_flops
+    from .flops import again_op_flops, executed_op_flops, step_flops
 
     rd = data_roles(r)
     model_flops = step_flops(model, train, rd)[1]
-    ops = op_flops(model)
+    ops = executed_op_flops(model, train)
     layer, head = sum(ops.values()), 2.0 * model.vocab_size * model.d_model
-    again = sum(ops[t] for t in runs_again(train, parallel=model.parallel_block))
+    again = again_op_flops(model, train, ops)
     chunked = train.logits_chunks > 1
     outside = Shapes.of(model, train, rd).tokens
     inside = Shapes.of(model, train, r).tokens * stage_passes(st)

@@ -8,7 +8,10 @@
   jax's splash kernels, whose dq and dkv kernels each recompute the scores: 14 FLOPs per
   pair and head_dim against the forward's 4; GPU: cuDNN's fused backward, 10), at the same
   efficiency, or its operands' bytes where that is longer; the forward runs again in every
-  checkpointed layer, its output kept or not (saved.runs_again).
+  checkpointed layer, its output kept or not (saved.runs_again). Plain attention
+  (`TrainSpec.attention`) as cost/plain_attention.py counts it: its matmuls over the whole
+  square, each priced as a projection is, and its softmax and the softmax's gradient over
+  the score-sized tensors among the memory-bound operations.
 - Memory-bound operations at HBM bandwidth: a layer's norms, rotary, MLP activation (SwiGLU's
   gate, or a two-matrix MLP's ReLU or GELU) and residual adds (forward, backward, and the
   forward again where a tensor is recomputed), the copies of what a layer keeps into the layer
@@ -45,12 +48,14 @@ import math
 from dataclasses import dataclass
 
 from ..hardware.profile import DeviceFacts
+from ..hardware.traits import attention_kernel
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
 from .memory import shard_bytes
 from .moe import MoeShapes, moe_intermediates
 from .moe_time import dispatch_einsums, permute_seconds
+from .plain_attention import Pass, plain_attention
 from .saved import runs_again
 
 # FLOPs per causal query-key pair, forward and backward, by the platform's fused kernel (the
@@ -66,8 +71,9 @@ class StepTime:
     """A step's seconds per device, term by term."""
 
     matmul: float  # projections and head, recompute included
-    attention: float  # the flash kernels
-    memory_bound: float  # norms, rotary, gates, residuals, loss, optimizer update
+    attention: float  # the flash kernels, or plain attention's matmuls
+    memory_bound: float  # norms, rotary, gates, residuals, loss, optimizer update (and plain
+    # attention's softmax)
     forward: float  # of matmul + attention + memory_bound, the forward pass's share
     hidden: float  # overlapping collectives inside granules (they hide up to the compute)
     exposed: float  # collectives that cannot overlap
@@ -222,6 +228,30 @@ def step_time(
     chunked = train.logits_chunks > 1  # each chunk's logits recomputed in the backward pass
     matmuls += head * (3 + chunked)
     kernels = layers * (attention(fwd_pair) * (1 + attention_again) + attention(bwd_pair))
+    kernel_fwd = attention(fwd_pair)
+    # a layer's and the loss's memory-bound bytes as counted here move at the chip's measured
+    # share of its HBM bandwidth where the catalogue has one (GPU: XLA's fusions move more than
+    # this count); the optimizer's update streams at the full bandwidth
+    streamed = hbm * (facts.memory_share or 1.0)
+    softmax = softmax_fwd = 0.0  # plain attention's memory-bound seconds: a layer's, forward
+    if attention_kernel(train.attention, facts.platform) == "plain":
+        # the whole square: a micro-batch's rows x heads x this device's queries x every key
+        squares = rows // micro * heads * (model.seq_len // roles.size("seq")) * model.seq_len
+        passes = plain_attention(model, train, widths=(head_width, v_width)).passes
+
+        def plain(p: Pass) -> tuple[float, float]:
+            """(matmul seconds, memory-bound seconds) of one of a layer's passes; a matmul
+            reads or writes one score-sized tensor and two of the head-sized operands."""
+            matmuls = sum(
+                max(squares * f / rate, (squares * b + kernel_bytes / 2) / hbm)
+                for f, b in p.matmuls
+            )
+            return matmuls, squares * p.elementwise / streamed
+
+        priced = [plain(p) for p in passes]
+        kernel_fwd, softmax_fwd = priced[0]
+        kernels = layers * sum(m for m, _ in priced)
+        softmax = sum(e for _, e in priced)
 
     # Memory-bound operations at HBM bandwidth: a layer's bytes per token, each pass, and the
     # loss's; the optimizer's update per parameter.
@@ -250,19 +280,16 @@ def step_time(
         per_token += moe * (fwd_moe + bwd_moe + moe_again)
         shard = float(shard_bytes(model, roles, 1, None))  # experts over the expert axis too
     update = shard * _update_bytes(train)
-    # a layer's and the loss's memory-bound bytes as counted here move at the chip's measured
-    # share of its HBM bandwidth where the catalogue has one (GPU: XLA's fusions move more than
-    # this count); the optimizer's update streams at the full bandwidth
-    streamed = hbm * (facts.memory_share or 1.0)
     # What the layers keep for the backward pass is copied into the layer scan's stacks and
     # back out each micro-batch: 4 accesses of its bytes (profiled on one H100: the stacks'
     # update and slice fusions, 7.8 ms more under minimal_flash than full remat over 4 layers
     # of LLaMA-2 7B, about 4 x the bytes it keeps more, at HBM speed; benchmarks/RESULTS.md).
     stacks = 4 * kept_bytes / hbm
-    memory = micro * (tokens * per_token / streamed + moe * permute + stacks) + update / hbm
+    memory = micro * (tokens * per_token / streamed + layers * softmax + moe * permute + stacks)
+    memory += update / hbm
     compute = micro * (matmuls + kernels) + memory
     forward = micro * (
-        layers * (layer_fwd + attention(fwd_pair) + tokens * elementwise_fwd / streamed) + head
+        layers * (layer_fwd + kernel_fwd + softmax_fwd + tokens * elementwise_fwd / streamed) + head
     )
     offload = 0.0
     overlaps = facts.traits.offload_overlaps_compute
