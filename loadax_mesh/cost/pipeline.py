@@ -16,10 +16,11 @@ pays, as the step does it:
   norm; cut over fsdp and the tensor axis as a plain step cuts them), their optimizer state
   and gradients; what the scan over iterations saves for the backward pass: every
   iteration's chunk, per_chunk layers of one micro-batch as the remat policy keeps them (the
-  bubble's too), and the chunk of weights it ran, in the compute dtype; the lead layers' as
-  a plain step's. While the stages' backward pass runs (libtpu's buffer assignments of
-  bench_cost's pipelined cases): one iteration's saved chunk and weights copied out, that
-  chunk's float32 weight gradient beside their running sum, the pipeline's buffers (the
+  bubble's too; the layer picks its weights inside its checkpoint, so none are saved); the
+  lead layers' as a plain step's. While the stages' backward pass runs (the buffer
+  assignments of bench_cost's pipelined cases): one iteration's saved chunk copied out, its
+  chunk of weights picked again in the compute dtype and that chunk's float32 weight
+  gradient beside their running sum, the pipeline's buffers (the
   micro-batches and the results in the compute dtype), and the forward pass's logits, kept
   until the unembedding's gradient is taken after it (beside a sequence axis it is taken
   before). Activations are cut over the tensor

@@ -65,11 +65,11 @@ def pipeline_memory_terms(
         # hidden dim cut over the tensor axis, as the step's activations); their float32
         # copies at the shard_map's edge are not live then.
         "pipeline buffers": 2 * stored((sh.micro_rows, sh.seq, hidden), cd, tile),
-        # The scan over iterations saves the chunk of weights each iteration ran, in the
-        # compute dtype; its backward pass copies one iteration's out, and holds that chunk's
-        # float32 gradient beside their running sum (the libtpu buffer assignments of
-        # bench_cost's pipelined cases: benchmarks/RESULTS.md).
-        "stage weights": (st.iterations + 1) * chunk(cd) + chunk(4),
+        # The backward pass of an iteration picks its chunk of the stage's weights again in
+        # the compute dtype (the layer picks them inside its checkpoint, so the scan saves
+        # none) and holds that chunk's float32 gradient beside their running sum (the
+        # buffer assignments of bench_cost's pipelined cases: benchmarks/RESULTS.md).
+        "stage weights": chunk(cd) + chunk(4),
         # ... and copies out one iteration's saved chunk, per_chunk layers of one micro-batch.
         "chunk residuals": kept_stage // st.iterations,
         # The forward pass's logits, which the compiled steps keep until the unembedding's
