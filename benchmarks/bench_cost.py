@@ -63,6 +63,10 @@ MLA_SMALL = (
     "moe_d_ff=512,vocab_size=32768,seq_len=1024"
 )
 DEEPSEEK_RECIPE = "layer_input=offload,out_proj=offload"
+# Mixtral's shrunk MoE layers, four of them, for two pipeline stages of two MoE layers
+MOE_PIPE = MOE_SMALL.replace("num_layers=2", "num_layers=4")
+# ... and at Mixtral's own width (its layers, experts and sequence), four layers
+MOE_PIPE_WIDE = "mixtral-8x7b:num_layers=4,seq_len=4096"
 CASES: list[tuple[Any, ...]] = [
     ("tpu-v5litepod-8", "fsdp", "tiny", 64, "full"),
     ("tpu-v5litepod-8", "fsdp_tp", "tiny", 64, "dots"),
@@ -147,6 +151,9 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v5p-128", "mesh:pipeline=2,fsdp=8,model=4", "llama3-8b", 64, "full", 1, 1, 0, 1),
     ("tpu-v5p-128", "mesh:pipeline=4,fsdp=4,model=4", "llama3-8b", 64, "full", 1, 1, 0, 1),
     ("tpu-v5p-128", "mesh:pipeline=2,fsdp=8,seq=4", "llama3-8b", 64, "full", 1, 1, 0, 1),
+    # ... MoE layers in the stages, their experts over an expert axis beside fsdp
+    ("tpu-v5p-16", "mesh:pipeline=2,fsdp=2,expert=2", MOE_PIPE, 16, "full", 1, 1, 0, 1),
+    ("tpu-v5p-16", "mesh:pipeline=2,fsdp=2,expert=2", MOE_PIPE_WIDE, 16, "full", 1, 1, 0, 1),
 ]
 TARGETS = {"memory": 0.20, "bytes": 0.25}
 
@@ -212,7 +219,7 @@ def config(preset: str) -> MeshConfig:
     name, _, overrides = preset.partition(":")
     sizes = {k: int(v) for k, v in (item.split("=") for item in overrides.split(",") if item)}
     if name == "mesh":
-        batch = tuple(a for a in sizes if a in ("data", "fsdp"))
+        batch = tuple(a for a in sizes if a in ("data", "fsdp", "expert"))
         return MeshConfig(
             mesh_shape=tuple(sizes.values()), mesh_axis_names=tuple(sizes), batch_axis_names=batch
         )

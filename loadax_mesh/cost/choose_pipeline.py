@@ -2,9 +2,8 @@
 pipeline axis larger than 1 the cost model prices, and the pipeline recipes each is searched
 with.
 
-A mesh whose pipeline axis holds S > 1 stages is searched only where cost/pipeline.py prices
-it: dense layers over pipeline, fsdp, data, tensor and sequence axes. Beside an expert axis
-larger than 1, or for a model with MoE layers, it is pruned and counted (PRUNED). Its recipes
+A mesh whose pipeline axis holds S > 1 stages is searched as cost/pipeline.py prices it:
+dense and MoE layers over pipeline, fsdp, data, tensor, sequence and expert axes. Its recipes
 are every searched recipe times the pipeline's micro-batches M in (S, 2S, 4S) and repeats R in
 (1, 2) (GPipe, and the circular schedule of two chunks a stage), each field a recipe pins kept
 as pinned; the counts that do not divide the batch or the layers are dropped by the recipe
@@ -25,16 +24,8 @@ from ..workload.spec import ModelSpec, TrainSpec
 from .choose_space import Space
 from .recipes import PIPELINE_FIELDS, divisors
 
-PRUNED = "pipeline beside an expert axis, or MoE layers (not priced)"
 MICROBATCHES = (1, 2, 4)  # the pipeline's micro-batches searched, in stages
 REPEATS = (1, 2)  # the pipeline's repeats searched
-
-
-def pipeline_unpriced(model: ModelSpec, r: Roles) -> bool:
-    """Whether a mesh puts a pipeline beside what cost/pipeline.py does not price yet."""
-    if r.size("pipeline") == 1:
-        return False
-    return bool(model.num_experts) or r.size("expert") > 1
 
 
 def pipeline_recipes(wanted: list[dict[str, Any]], r: Roles) -> list[dict[str, Any]]:

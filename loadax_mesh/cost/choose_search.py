@@ -15,7 +15,7 @@ from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
-from .choose_pipeline import PRUNED, pipeline_recipes, pipeline_unpriced
+from .choose_pipeline import pipeline_recipes
 from .choose_space import ACROSS, Candidate, Space, across, tally
 from .estimate import Estimate, estimate_parts, holds_tables
 from .recipes import Recipe, fitting_recipes
@@ -57,9 +57,6 @@ class Search:
         """The splits of one shape that fit with some recipe, each with its bound."""
         model, train = self.model, self.train
         r = roles(tuple(zip(space.names, sizes, strict=True)), space.batch)
-        if pipeline_unpriced(model, r):  # a pipeline the cost model does not price beside these
-            self._prune(space, sizes, PRUNED)
-            return []
         try:
             check_fit(model, train, r)
         except MeshConfigError:
@@ -184,7 +181,7 @@ def larger_batch(search: Search, spaces: list[Space], n: int) -> tuple[int, Cand
         for sizes in space.shapes(n):
             r = roles(tuple(zip(space.names, sizes, strict=True)), space.batch)
             need = math.lcm(train.global_batch, degree(r))
-            if need == train.global_batch or pipeline_unpriced(model, r):
+            if need == train.global_batch:
                 continue
             try:
                 check_fit(model, replace(train, global_batch=need), r)

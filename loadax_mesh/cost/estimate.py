@@ -198,7 +198,7 @@ def estimate_parts(
     flops, model_flops, recompute = (
         step_flops(model, train, r, grouped=facts.traits.grouped_matmul)
         if st is None
-        else pipeline_flops(model, train, r, st)
+        else pipeline_flops(model, train, r, st, grouped=facts.traits.grouped_matmul)
     )
     if dcn_latency is None:
         dcn_latency = calibration("dcn_latency", facts.platform)

@@ -91,3 +91,20 @@ def step_flops(
     model_fwd = sh.tokens * (model.num_layers * sum(own.values()) + head) / m
     recompute = sh.tokens * (model.num_layers * again + head * (train.logits_chunks > 1)) / m
     return 3 * forward + recompute, 3 * model_fwd, recompute
+
+
+def layer_flops(
+    model: ModelSpec, train: TrainSpec, r: Roles, *, grouped: str, moe: bool
+) -> tuple[float, float]:
+    """FLOPs per token of one layer pass as flops.step_flops counts them: (forward, backward
+    and recompute; the recompute), a MoE layer's (`moe`) with its MLP's ops and its experts'
+    weight gradients over the rows `expert_rows` gives them, on a micro-batch of `train`."""
+    ops = executed_op_flops(model, train)
+    if not moe:
+        again = again_op_flops(model, train, ops)
+        return 3 * sum(ops.values()) + again, again
+    mixed = ops | moe_op_flops(model, train, r, grouped=grouped)
+    rows, gradient_rows = expert_rows(model, train, r, grouped=grouped)
+    wider = 2.0 * model.mlp_params(model.moe_d_ff) * (gradient_rows - rows)
+    again = again_op_flops(model, train, mixed, moe=True)
+    return 3 * sum(mixed.values()) + wider + again, again

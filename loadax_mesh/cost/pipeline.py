@@ -23,8 +23,10 @@ pays, as the step does it:
   gradient beside their running sum, the pipeline's buffers (the
   micro-batches and the results in the compute dtype), and the forward pass's logits, kept
   until the unembedding's gradient is taken after it (beside a sequence axis it is taken
-  before). Activations are cut over the tensor
-  axis (the residual stream's hidden dim) and the sequence axis as a plain step's.
+  before; so it is in the 4-layer v5p-16 compiles of a 32000 vocabulary, dense and MoE alike,
+  which the term over-counts: no rule found yet, benchmarks/RESULTS.md). Activations are cut
+  over the tensor axis (the residual stream's hidden dim) and the sequence axis as a plain
+  step's.
 - Collectives. FSDP gathers a stage's layer weights every iteration, forward and backward,
   and reduces their gradients every iteration (the step's scan gathers in the layer, as
   MaxText's pipeline does by default), plus the lead layers' and the tables' as a plain step.
@@ -46,9 +48,15 @@ pays, as the step does it:
   the devices of these buffers by permutes spanning the pipeline and fsdp axes together,
   well under 1% of the step's bytes: not counted.
 
-Priced: dense models (MLA and parallel blocks included) over pipeline, fsdp, data, tensor and
-sequence axes. Refused with a MeshConfigError: MoE layers, an expert axis, and offloaded
-tensors beside a pipeline (not priced yet).
+MoE layers in the stages (and lead ones) are priced with the plain step's functions and a
+layer-pass count: their FLOPs (routed experts as the platform runs them), the expert axis's
+all-to-alls per pass on a pipeline micro-batch's rows, the experts' FSDP gathers every
+iteration, their saved block and working set (Mixtral's layers on v5p-16, pipeline 2 x fsdp 2
+x expert 2: memory 1.04 of libtpu's assignment, expert bytes 0.99; benchmarks/RESULTS.md).
+
+Priced: dense and MoE models (MLA and parallel blocks included) over pipeline, fsdp, data,
+tensor, sequence and expert axes. Refused with a MeshConfigError: offloaded tensors beside a
+pipeline (not priced yet).
 """
 
 from __future__ import annotations
@@ -65,12 +73,16 @@ from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..workload.stages import STAGED, Stages, staged_shapes
 from .axis_time import AxisTraffic, axis_total
 from .layer_memory import layer_bytes, layer_weights
-from .stored import Shapes, stored
+from .moe import moe_layer_weights
+from .stored import Shapes, shard_bytes, stored
 from .time import StepTime, _update_bytes, step_time
 from .traffic import (
     Collective,
+    exchanges,
     layer_collectives,
+    moe_collectives,
     seq_collectives,
+    shard_axis,
     tensor_collectives,
     weight_arrays,
 )
@@ -99,18 +111,10 @@ def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     st = stages_of(model, train, r)
     if st is None:
         return None
-    if r.size("expert") > 1:
+    if "offload" in train.placements.values():
         raise MeshConfigError(
-            f"expert axis {r.expert!r} (size {r.size('expert')}) beside the pipeline axis "
-            f"{st.axis!r} is not priced by the cost model yet; accepted: a pipelined plan over "
-            "pipeline, fsdp, data, tensor and sequence axes (`compile_step` compiles the others)"
-        )
-    if model.num_experts or "offload" in train.placements.values():
-        field = f"model {model.name!r}: num_experts" if model.num_experts else "remat"
-        value = model.num_experts if model.num_experts else train.remat_text
-        raise MeshConfigError(
-            f"{field}={value!r} with pipeline stages is not priced by the cost model yet; "
-            "accepted: dense layers, tensors kept on the device or recomputed"
+            f"remat={train.remat_text!r} with pipeline stages is not priced by the cost model "
+            "yet; accepted: tensors kept on the device or recomputed"
         )
     return st
 
@@ -177,27 +181,28 @@ def shard_elements(
 
 
 def pipeline_flops(
-    model: ModelSpec, train: TrainSpec, r: Roles, st: Stages
+    model: ModelSpec, train: TrainSpec, r: Roles, st: Stages, *, grouped: str = "libtpu"
 ) -> tuple[float, float, float]:
     """flops.step_flops for a pipelined step: (executed, model, recompute) per device. The
     lead layers and the head over the device's rows split over the pipeline axis too; the
     stage's layers `stage_passes` times over its replica's rows (the bubble's zeros
-    computed); the model's own FLOPs those of a plain step over every axis."""
-    from .flops import again_op_flops, executed_op_flops, step_flops
+    computed), a MoE layer's routed experts on the rows a pipeline micro-batch gives them
+    (`grouped`: as step_flops); the model's own FLOPs those of a plain step over every axis."""
+    from .flops import layer_flops, step_flops
 
-    rd = data_roles(r)
+    rd, ts = data_roles(r), stage_train(train, st)
     model_flops = step_flops(model, train, rd)[1]
-    ops = executed_op_flops(model, train)
-    layer, head = sum(ops.values()), 2.0 * model.vocab_size * model.d_model
-    again = again_op_flops(model, train, ops)
-    chunked = train.logits_chunks > 1
+    head, chunked = 2.0 * model.vocab_size * model.d_model, train.logits_chunks > 1
+    dense, dense_again = layer_flops(model, train, rd, grouped=grouped, moe=False)
+    moe, moe_again = layer_flops(model, train, rd, grouped=grouped, moe=bool(st.lead_moe))
+    layer, again = layer_flops(model, ts, r, grouped=grouped, moe=st.stack == "moe_layers")
     outside = Shapes.of(model, train, rd).tokens
     inside = Shapes.of(model, train, r).tokens * stage_passes(st)
-    lead, m = st.lead_dense + st.lead_moe, r.size("model")
-    flops = outside * (lead * (3 * layer + again) + head * (3 + chunked)) + inside * (
-        3 * layer + again
-    )
-    recompute = outside * (lead * again + head * chunked) + inside * again
+    m = r.size("model")
+    flops = outside * (st.lead_dense * dense + st.lead_moe * moe + head * (3 + chunked))
+    flops += inside * layer
+    recompute = outside * (st.lead_dense * dense_again + st.lead_moe * moe_again)
+    recompute += outside * head * chunked + inside * again
     return flops / m, model_flops, recompute / m
 
 
@@ -216,12 +221,19 @@ def pipeline_collectives(
     cd, mb, d = dtype_bytes(train.compute_dtype), train.microbatches, model.d_model
     lead = st.lead_dense + st.lead_moe
     runs = (lead + st.per_chunk * st.iterations) * mb  # layer passes a device gathers for
+    # ... of them MoE layers' (the lead ones, and the stages' where they hold MoE layers)
+    moe_runs = (st.lead_moe + st.per_chunk * st.iterations * moe_stages(st)) * mb
     m = r.size("model")
     found: list[Collective] = []
     tables = (1 if model.tied_embeddings else 2) * model.vocab_size // m * d * cd
-    if r.fsdp is not None and r.size("fsdp") > 1:
-        a = r.fsdp
-        found += layer_collectives(model, a, m, cd, runs, in_line=overlapped)
+    a = shard_axis(r)
+    if a is not None:
+        found += (
+            moe_collectives(model, train, r, a, in_line=overlapped,
+                            runs=(runs - moe_runs, moe_runs))
+            if model.num_experts
+            else layer_collectives(model, a, m, cd, runs, in_line=overlapped)
+        )  # fmt: skip
         qkv = regathered_weights(model, regathered(model, train, r), m) * cd * regather
         if qkv:
             found.append(Collective(a, "all-gather", "q, k, v weights again", qkv, runs,
@@ -259,14 +271,17 @@ def pipeline_collectives(
     )  # fmt: skip
     found += _run(
         tensor_collectives(model, ts, r, layer_runs=passes, head_runs=0, overlapped=overlapped)
-        + seq_collectives(model, ts, r, layer_runs=passes),
+        + seq_collectives(model, ts, r, layer_runs=passes)
+        + exchanges(model, ts, r, layer_runs=passes * moe_stages(st)),
         " in the stages",
     )
+    found += _run(exchanges(model, train, rd, layer_runs=st.lead_moe * mb))
     if r.seq is not None and r.size("seq") > 1:
         # The sequence axis replicates the weights: the scan's backward pass sums each
         # iteration's weight gradients (a layer's shard, in the compute dtype) over it before
         # adding them up, a layer pass at a time (the compiled steps of bench_cost).
-        shard = layer_weights(model, m) * cd // r.size("fsdp")
+        weights = sum(moe_layer_weights(model, r)) if moe_stages(st) else layer_weights(model, m)
+        shard = weights * cd // r.size("fsdp")
         found.append(Collective(r.seq, "all-reduce", "layer weight gradients in the stages",
                                 shard, passes, True))  # fmt: skip
     p = st.axis
@@ -293,6 +308,11 @@ def pipeline_collectives(
                    outside - table, mb, True),
     ]  # fmt: skip
     return found
+
+
+def moe_stages(st: Stages) -> int:
+    """1 where the stages hold MoE layers, else 0."""
+    return int(st.stack == "moe_layers")
 
 
 def _run(found: list[Collective], where: str = "") -> list[Collective]:
@@ -330,20 +350,29 @@ def pipeline_time(
     saved = partial(layer_bytes, model, saved=True, tile=facts.tile, kernel=kernel)
     lead = st.lead_dense + st.lead_moe
 
-    def price(train: TrainSpec, roles: Roles, runs: float, kept: float = 0.0) -> StepTime:
+    def price(
+        train: TrainSpec, roles: Roles, runs: float, moe: float, kept: float = 0.0
+    ) -> StepTime:
         return step_time(model, train, roles, facts, efficiency=efficiency, intensity=intensity,
                          hidden=0.0, exposed=0.0, across_granules=0.0, offload_bytes=0.0,
-                         kept_bytes=kept, permute_share=permute_share, layer_runs=runs)  # fmt: skip
+                         kept_bytes=kept, permute_share=permute_share, layer_runs=runs,
+                         moe_runs=moe)  # fmt: skip
 
-    outer = price(train, rd, lead, lead * saved(train, Shapes.of(model, train, rd), rd))
-    passes = stage_passes(st)
-    kept = passes * saved(ts, Shapes.of(model, ts, r), r)
-    stage = price(ts, r, passes, kept)
-    bare = price(ts, r, 0)
-    # the update streams the stage's parameters, not the whole model's shard
-    params = shard_elements(model, st, r, 1, None) - model.num_params / (
-        r.size("fsdp") * r.size("model")
+    sh = Shapes.of(model, train, rd)
+    lead_kept = st.lead_dense * saved(train, sh, rd)
+    lead_kept += st.lead_moe and st.lead_moe * saved(train, sh, rd, moe=True)
+    outer = price(train, rd, lead, st.lead_moe, lead_kept)
+    passes, moe = stage_passes(st), bool(moe_stages(st))
+    kept = passes * saved(ts, Shapes.of(model, ts, r), r, moe=moe)
+    stage = price(ts, r, passes, passes * moe, kept)
+    bare = price(ts, r, 0, 0)
+    # the update streams the stage's parameters, not the whole model's shard (outer's)
+    whole = (
+        shard_bytes(model, rd, 1, None)
+        if model.num_experts
+        else model.num_params / (r.size("fsdp") * r.size("model"))
     )
+    params = shard_elements(model, st, r, 1, None) - whole
     update = params * _update_bytes(train) / facts.need("hbm_bandwidth")
     matmul = outer.matmul + stage.matmul - bare.matmul
     attention = outer.attention + stage.attention - bare.attention

@@ -12,7 +12,7 @@ from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..workload.stages import Stages
 from .layer_memory import layer_bytes
 from .memory import memory_terms
-from .pipeline import data_roles, shard_elements, stage_train
+from .pipeline import data_roles, moe_stages, shard_elements, stage_train
 from .stored import Shapes, stored
 
 
@@ -42,8 +42,11 @@ def pipeline_memory_terms(
     shard = partial(shard_elements, model, st, r, tile=tile)
     saved = partial(layer_bytes, model, saved=True, tile=tile, kernel=kernel)
     lead = st.lead_dense + st.lead_moe
-    kept_stage = st.per_chunk * st.iterations * saved(ts, Shapes.of(model, ts, r), r)
-    kept = kept_stage + lead * saved(train, Shapes.of(model, train, rd), rd)
+    moe = bool(moe_stages(st))  # a MoE layer's saved tensors: its block's (layer_memory.py)
+    kept_stage = st.per_chunk * st.iterations * saved(ts, Shapes.of(model, ts, r), r, moe=moe)
+    sh = Shapes.of(model, train, rd)
+    kept = kept_stage + st.lead_dense * saved(train, sh, rd)
+    kept += st.lead_moe and st.lead_moe * saved(train, sh, rd, moe=True)
 
     def chunk(nbytes: int) -> int:  # one chunk of a stage's weights (of its R)
         return shard(nbytes, staged=True) // st.repeats
@@ -52,6 +55,8 @@ def pipeline_memory_terms(
     # every gradient; else only those the pipeline axis replicates (tables, norm, lead layers).
     reduced = shard(cd, staged=None if r.data_parallel_axes() else False)
     sh, hidden = Shapes.of(model, train, r), model.d_model // r.size("model")
+    stage_moe = st.lead_moe + st.layers // st.stages * moe
+
     return outer | {
         "params": shard(pd),
         "optimizer": 2 * shard(od),
@@ -76,4 +81,6 @@ def pipeline_memory_terms(
         # gradient is taken after the stages' backward pass; beside a sequence axis they take
         # it before (two compiles: only the unembedding's gradient shard stays).
         "kept logits": outer["logits"] // 2 * (r.size("seq") == 1),
+        # GPU's second layout of the routed experts: a stage's MoE layers' and the lead ones'
+        "expert stacks": outer["expert stacks"] * stage_moe // max(model.num_moe_layers, 1),
     }

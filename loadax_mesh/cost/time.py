@@ -101,6 +101,7 @@ def step_time(
     kept_bytes: float = 0.0,
     permute_share: float | None = None,
     layer_runs: float | None = None,
+    moe_runs: float | None = None,
 ) -> StepTime:
     """The step's time on one device. `efficiency` and `intensity` are the named calibrations
     (`calibration`): the share of the peak a matmul reaches when its operands keep up (unless
@@ -112,7 +113,7 @@ def step_time(
     "activations"); `permute_share` the
     named calibration `permute_bandwidth` (None: no limit; cost/moe_time.py); `layer_runs`
     the layers each micro-batch runs through (None: the model's; a pipeline stage's differ,
-    cost/pipeline.py).
+    cost/pipeline.py), of them `moe_runs` MoE layers' (None: the model's).
 
     Every size below is one device's: a micro-batch's tokens, and the widths the tensor axis
     cuts (heads, kv heads, d_ff, the vocabulary and the residual stream's d_model)."""
@@ -184,7 +185,8 @@ def step_time(
     # Each matmul runs three times (forward; backward for the input's gradient and the
     # weight's), and once more where the backward pass recomputes its output.
     matmuls = layers * (3 * layer_fwd + sum(projections[op] for op in recomputed))
-    moe, permute = model.num_moe_layers, 0.0
+    moe = model.num_moe_layers if moe_runs is None else moe_runs
+    permute = 0.0
     if moe:  # its dense layers as above, its MoE layers with their own MLP
         ms = MoeShapes.of(model, train, roles)
 
@@ -278,6 +280,7 @@ def step_time(
         moe_again = fwd_moe if recomputed or attention_again else 0
         per_token = (layers - moe) * (elementwise_fwd + elementwise_bwd + again) + loss
         per_token += moe * (fwd_moe + bwd_moe + moe_again)
+    if model.num_experts:
         shard = float(shard_bytes(model, roles, 1, None))  # experts over the expert axis too
     update = shard * _update_bytes(train)
     # What the layers keep for the backward pass is copied into the layer scan's stacks and

@@ -104,7 +104,7 @@ def collectives(
     found: list[Collective] = []
     if model.num_experts:
         shard = shard_bytes(model, roles, cd, None)
-    a = _shard_axis(roles)
+    a = shard_axis(roles)
     if a is not None:
         found += (
             moe_collectives(model, train, roles, a, in_line=overlapped)
@@ -274,7 +274,7 @@ def weight_arrays(model: ModelSpec) -> int:
     return 4 + mlp + 1
 
 
-def _shard_axis(roles: Roles) -> str | None:
+def shard_axis(roles: Roles) -> str | None:
     """The axis the weights' FSDP collectives are counted on: fsdp, or the expert axis where
     it acts as FSDP alone (with both, a collective spans the two: counted on fsdp)."""
     for a in (roles.fsdp, roles.expert):
@@ -284,7 +284,13 @@ def _shard_axis(roles: Roles) -> str | None:
 
 
 def moe_collectives(
-    model: ModelSpec, train: TrainSpec, roles: Roles, a: str, *, in_line: bool = False
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    a: str,
+    *,
+    in_line: bool = False,
+    runs: tuple[int, int] | None = None,
 ) -> list[Collective]:
     """The layers' weight collectives of a model with MoE layers, on the shard axis `a`: as
     a dense model's (gathered forward and backward, gradients reduce-scattered, per
@@ -292,47 +298,54 @@ def moe_collectives(
     experts (gathered over fsdp and the expert axis together); its routed experts gathered over
     fsdp alone (moe.py's `gathers`: their d_model, the E / P experts of an expert axis of size P
     or all E without one), none where fsdp has size 1. `in_line` (libtpu): every layer's
-    attention weights gathered in line, as a dense layer's (`layer_collectives`)."""
+    attention weights gathered in line, as a dense layer's (`layer_collectives`). `runs`: the
+    passes of (dense, MoE) layers, micro-batches included (None: the model's layers, once per
+    micro-batch; a pipeline's stages run theirs every iteration, cost/pipeline.py)."""
     cd, M = dtype_bytes(train.compute_dtype), train.microbatches
-    moe = model.num_moe_layers
-    dense = model.num_layers - moe
+    moe_layers = model.num_moe_layers
+    dense, moe = runs or ((model.num_layers - moe_layers) * M, moe_layers * M)
     shared, experts = (w * cd for w in moe_layer_weights(model, roles))
     attention = mla.attention_weights(model, roles.size("model")) * cd if in_line else 0
     found = []
     if in_line:
-        runs = 2 * model.num_layers * M
-        found.append(Collective(a, "all-gather", "attention weights", attention, runs, False))
+        passes = 2 * (dense + moe)
+        found.append(Collective(a, "all-gather", "attention weights", attention, passes, False))
     if dense:
         layer = dense_layer_weights(model, roles.size("model")) * cd
         found += [
-            Collective(a, "all-gather", "dense layer weights", layer - attention, 2 * dense * M,
+            Collective(a, "all-gather", "dense layer weights", layer - attention, 2 * dense,
                        True),
-            Collective(a, "reduce-scatter", "dense layer gradients", layer, dense * M, True),
+            Collective(a, "reduce-scatter", "dense layer gradients", layer, dense, True),
         ]  # fmt: skip
     found += [
-        Collective(a, "all-gather", "MoE layer weights", shared - attention, 2 * moe * M, True),
-        Collective(a, "reduce-scatter", "MoE layer gradients", shared, moe * M, True),
+        Collective(a, "all-gather", "MoE layer weights", shared - attention, 2 * moe, True),
+        Collective(a, "reduce-scatter", "MoE layer gradients", shared, moe, True),
     ]
     if roles.fsdp is not None and roles.size("fsdp") > 1:
         f = roles.fsdp
         found += [
-            Collective(f, "all-gather", "expert weights", experts, 2 * moe * M, True),
-            Collective(f, "reduce-scatter", "expert gradients", experts, moe * M, True),
+            Collective(f, "all-gather", "expert weights", experts, 2 * moe, True),
+            Collective(f, "reduce-scatter", "expert gradients", experts, moe, True),
         ]
-    return found
+    return [c for c in found if c.count]
 
 
-def exchanges(model: ModelSpec, train: TrainSpec, roles: Roles) -> list[Collective]:
+def exchanges(
+    model: ModelSpec, train: TrainSpec, roles: Roles, *, layer_runs: int | None = None
+) -> list[Collective]:
     """The all-to-alls over the expert axis (moe.py's `_exchange`), per MoE layer and
     micro-batch: the tokens dispatched and their results combined, forward; the two gradients
     exchanged back, backward; under any remat policy the forward's pair again, recomputed for
     the experts' weight gradients (the block's intermediates carry no checkpoint name). The
     dropless path also sends an int32 expert id a row, forward and recomputed. They feed the
-    experts: exposed."""
-    tokens, ids = exchange_bytes(model, train, roles)
-    if not tokens or roles.expert is None:
+    experts: exposed. `layer_runs`: MoE layer passes, micro-batches included (None: the
+    model's MoE layers once per micro-batch), each on a micro-batch's rows of `train`."""
+    runs = model.num_moe_layers * train.microbatches if layer_runs is None else layer_runs
+    if not runs or roles.expert is None:
         return []
-    runs = model.num_moe_layers * train.microbatches
+    tokens, ids = exchange_bytes(model, train, roles)
+    if not tokens:
+        return []
     again = int(train.remat != "none")
     found = [
         Collective(roles.expert, "all-to-all", "tokens and results", tokens,

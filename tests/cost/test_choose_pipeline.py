@@ -8,7 +8,6 @@ import pytest
 
 from loadax_mesh.cost.choose import AXES as AXES_DEFAULT
 from loadax_mesh.cost.choose import choose_mesh
-from loadax_mesh.cost.choose_pipeline import PRUNED
 from loadax_mesh.cost.recipes import check_recipes
 from loadax_mesh.errors import MeshConfigError
 from loadax_mesh.view.estimate import ranking_text
@@ -70,18 +69,21 @@ def test_pipeline_beside_tensor_and_sequence_axes_searched():
     train = TrainSpec(global_batch=64)
     axes = ("pipeline", "fsdp", "model", "seq")
     ranking = choose_mesh("tpu-v5p-32", "llama3-8b", train, axes=axes, top=100)
-    assert PRUNED not in ranking.pruned
     for role in ("model", "seq"):
         assert any(
             c.estimate.pipeline is not None and c.estimate.mesh.get(role, 1) > 1 for c in ranking
         ), role
 
 
-def test_pipeline_beside_moe_layers_pruned():
+def test_pipeline_beside_moe_layers_and_expert_axis_searched():
+    # MoE layers in the stages and an expert axis beside the pipeline are priced
+    # (cost/pipeline.py), so such meshes are searched and ranked, none pruned for them
     train = TrainSpec(global_batch=64)
-    ranking = choose_mesh("tpu-v5p-64", "mixtral-8x7b", train, axes=AXES, top=5)
-    assert ranking.pruned[PRUNED] > 0
-    assert all(c.estimate.pipeline is None for c in ranking)
+    axes = ("pipeline", "fsdp", "expert")
+    ranking = choose_mesh("tpu-v5p-64", "mixtral-8x7b", train, axes=axes, top=200)
+    assert not any("pipeline" in reason for reason in ranking.pruned)
+    staged = [c.estimate for c in ranking if c.estimate.pipeline is not None]
+    assert any(e.mesh.get("expert", 1) > 1 for e in staged)
 
 
 def test_pipeline_recipe_fields_checked():

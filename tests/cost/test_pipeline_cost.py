@@ -96,8 +96,6 @@ def test_a_pipeline_axis_of_one_changes_nothing() -> None:
 @pytest.mark.parametrize(
     "axes, model, fields, named",
     [
-        ({"pipeline": 2, "fsdp": 4, "expert": 2}, LONG, {}, "expert axis"),
-        ({"pipeline": 2, "fsdp": 8}, MOE, {}, "num_experts"),
         ({"pipeline": 2, "fsdp": 8}, LONG, {"remat": "offload"}, "remat="),
         ({"pipeline": 2, "fsdp": 8}, LONG, {"pipeline_repeats": 3}, "pipeline_repeats=3"),
     ],
@@ -176,3 +174,39 @@ def test_the_tensor_axis_cuts_a_stage_and_its_activations() -> None:
 
     assert permute(two) * 2 == permute(one) == 16 // 4 // 4 * 2048 * 2048 * 2
     assert two.flops == pytest.approx(one.flops / 2)
+
+
+@pytest.mark.parametrize("micro, repeats", [(2, 1), (4, 2)])
+def test_a_stage_runs_the_expert_exchanges_of_its_moe_layer_passes(micro: int, repeats: int):
+    """An expert axis beside the pipeline: each of a stage's MoE layer passes (per_chunk of a
+    micro-batch each iteration, the bubble's included) runs a plain MoE layer's all-to-alls on
+    a pipeline micro-batch's rows. The plain step whose micro-batches hold as many rows (fsdp x
+    expert, M micro-batches) prices a layer's: its expert bytes over L M."""
+    S, L = 2, 8
+    train = TrainSpec(global_batch=64, pipeline_microbatches=micro, pipeline_repeats=repeats)
+    piped = estimate(plan("tpu-v5p-32", pipeline=S, fsdp=4, expert=2), MOE, train)
+    flat = estimate(plan("tpu-v5p-16", fsdp=4, expert=2), MOE, replace(train, microbatches=micro))
+    layer = flat.axes["expert"].bytes // (L * micro)  # a MoE layer's, on a micro-batch's rows
+    passes = L // (S * repeats) * (micro * repeats + S - 1)
+    assert piped.axes["expert"].bytes == layer * passes > 0
+    assert all(c.what.endswith(" in the stages") for c in piped.axes["expert"].collectives)
+    # ... and a stage gathers its experts over fsdp on every pass, forward and backward
+    (gathers,) = [c for c in piped.axes["fsdp"].collectives if c.what == "expert weights"]
+    (plain,) = [c for c in flat.axes["fsdp"].collectives if c.what == "expert weights"]
+    assert (gathers.bytes, gathers.count) == (plain.bytes, 2 * passes)
+
+
+def test_moe_stages_are_priced_with_their_experts() -> None:
+    """MoE layers in the stages: no refusal; a stage holds its half of the layers, experts
+    included (the parameters less than 0.6 of the plain step's with the pipeline axis as data:
+    only the tables stay whole), saves a MoE layer's block for each pass, and computes its
+    routed experts' FLOPs."""
+    train = TrainSpec(global_batch=64)
+    piped = estimate(plan("tpu-v5p-32", pipeline=2, fsdp=8), MOE, train)
+    flat = estimate(plan("tpu-v5p-32", data=2, fsdp=8), MOE, train)
+    dense = estimate(plan("tpu-v5p-32", pipeline=2, fsdp=8), LONG, train)
+    assert piped.pipeline is not None and piped.pipeline.stages == 2
+    assert flat.terms["params"] / 2 < piped.terms["params"] < 0.6 * flat.terms["params"]
+    assert piped.terms["stage weights"] > dense.terms["stage weights"]
+    assert piped.flops > dense.flops
+    assert piped.model_flops == pytest.approx(flat.model_flops)
