@@ -43,7 +43,8 @@ from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.spec import parse_remat
 
 # (hardware, preset with optional overrides "preset:axis=size", model, global batch, remat
-# [, microbatches, logits chunks[, pipeline microbatches, pipeline repeats]]); remat as the
+# [, microbatches, logits chunks[, pipeline microbatches, pipeline repeats[, pipeline
+# remat]]]); remat as the
 # command line writes it; the model a catalogue name, with field overrides after a colon
 # ("maxtext-2023-16b:num_layers=4": fewer layers, to compile in a minute)
 MAXTEXT_8B = "layer_input=offload,query=offload,key=offload,value=offload,out_proj=offload"
@@ -145,6 +146,9 @@ CASES: list[tuple[Any, ...]] = [
     # over fsdp 8, GPipe, cuDNN attention inside the stages
     ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 1),
     ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 2),
+    # MaxText's remat: one checkpoint an iteration (bench_maxtext's GPipe and circular rows)
+    ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 1, "iteration"),
+    ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 2, "iteration"),
     ("gpu-p5.48xlarge-16", "mesh:pipeline=2,fsdp=8", "llama3-8b", 16, "full", 1, 1, 0, 1),
     # ... beside a tensor axis (the residual stream cut over it in every stage) and beside a
     # sequence axis
@@ -189,10 +193,11 @@ def model_of(case: tuple[Any, ...]) -> ModelSpec:
 
 def train_of(case: tuple[Any, ...]) -> TrainSpec:
     """A case's TrainSpec: its batch and recipe (micro-batches and chunks 1 where not given),
-    and its pipeline's micro-batches and repeats where given."""
+    and its pipeline's micro-batches, repeats and remat where given."""
     batch, remat, *recipe = case[3:]
     micro, chunks, *pipeline = recipe or (1, 1)
-    stages = dict(zip(("pipeline_microbatches", "pipeline_repeats"), pipeline, strict=False))
+    names = ("pipeline_microbatches", "pipeline_repeats", "pipeline_remat")
+    stages = dict(zip(names, pipeline, strict=False))
     return TrainSpec(
         global_batch=batch,
         remat=parse_remat(remat),
@@ -208,7 +213,8 @@ def recipe_text(case: tuple[Any, ...]) -> str:
     text = t.remat_text.replace("layer_input", "in").replace("=offload", "=off")
     text += f" x{t.microbatches}" * (t.microbatches > 1)
     text += f" /{t.logits_chunks}" * (t.logits_chunks > 1)
-    return text + f" pp R{t.pipeline_repeats}" * (len(case) > 7)
+    text += f" pp R{t.pipeline_repeats}" * (len(case) > 7)
+    return text + " per iteration" * (t.pipeline_remat == "iteration")
 
 
 def config(preset: str) -> MeshConfig:
@@ -295,6 +301,7 @@ def referee_row(case: tuple[Any, ...], plan: Any, want: int, got: int) -> dict[s
                 if len(case) > 7
                 else {}
             ),
+            **({"pipeline_remat": case[9]} if len(case) > 9 else {}),
         },
         "estimate_bytes": want,
         "compiled_bytes": got,

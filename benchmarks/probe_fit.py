@@ -10,9 +10,12 @@ largest buffers live at libtpu's peak (their sum is below the assignment by libt
 the temp block).
 
     python benchmarks/probe_fit.py HARDWARE PRESET MODEL BATCH REMAT [--squeeze] [--dump DIR]
+        [--pipeline M,R[,REMAT]]
 
 PRESET and MODEL as bench_cost.py writes them ("mesh:fsdp=16,model=4",
-"maxtext-2023-16b:num_layers=4"). A model-scale step compiles in seconds to minutes here.
+"maxtext-2023-16b:num_layers=4"); `--pipeline` a pipelined case's micro-batches, repeats
+and pipeline remat as bench_cost.py's cases give them. A model-scale step compiles in seconds
+to minutes here.
 """
 
 from __future__ import annotations
@@ -70,8 +73,12 @@ def main() -> None:
     parser.add_argument("--squeeze", action="store_true", help="let libtpu rematerialise")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--dump", type=Path)
+    parser.add_argument("--pipeline", default="", metavar="M,R[,REMAT]")
     args = parser.parse_args()
-    case = (args.hardware, args.preset, args.model, args.batch, args.remat)
+    case: tuple[Any, ...] = (args.hardware, args.preset, args.model, args.batch, args.remat)
+    if args.pipeline:
+        m, r, *remat = args.pipeline.split(",")
+        case += (1, 1, int(m), int(r), *remat)
     plan = config(args.preset).plan(topology_devices(args.hardware))
     model, train = model_of(case), train_of(case)
     est = estimate(plan, model, train)

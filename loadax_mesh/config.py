@@ -160,7 +160,10 @@ class MeshConfig(ConfigFields):
 
         `"auto"` computes the mesh instead: `from_preset("auto", hardware=..., model=...,
         global_batch=...)` (and optionally `remat`, `attention`, `axes`) is the winner of
-        `choose_mesh`.
+        `choose_mesh`: its mesh only. The recipe it was priced with (remat, micro-batches,
+        and on a pipelined mesh `pipeline_microbatches` and `pipeline_repeats`) is the
+        winner's `train` in `choose_mesh`'s ranking; a step run with other fields runs
+        another recipe than the one that won.
 
         Args:
             name: a name of `list_presets()`, or "auto".

@@ -48,6 +48,12 @@ WORKLOAD_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
         "a mesh with a pipeline axis: the last N decoder layers are pipelined, the rest run "
         "with the pipeline axis as data (default 0: every layer)",
     ),
+    "--pipeline-remat": (
+        {"choices": ["layer", "iteration"]},
+        "a mesh with a pipeline axis: where the stages checkpoint under --remat: layer (each "
+        "layer; the default) or iteration (a stage's chunk of layers as one, as MaxText's "
+        "pipeline does: more memory)",
+    ),
     "--logits-chunks": (
         {"type": positive_int, "metavar": "C"},
         "the loss computed over C slices of the tokens (default 1; with --strategy auto: "

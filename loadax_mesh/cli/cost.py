@@ -54,8 +54,9 @@ def given_facts(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def stages(args: argparse.Namespace) -> dict[str, Any]:
-    """The pipeline fields the flags give (--pipeline-microbatches, -repeats, -layers)."""
-    names = ("pipeline_microbatches", "pipeline_repeats", "pipeline_layers")
+    """The pipeline fields the flags give (--pipeline-microbatches, -repeats, -layers,
+    -remat)."""
+    names = ("pipeline_microbatches", "pipeline_repeats", "pipeline_layers", "pipeline_remat")
     return {k: v for k in names if (v := getattr(args, k, None)) is not None}
 
 
@@ -75,6 +76,7 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
 def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     """`--strategy auto`: the winner's config, the ranking, and a note saying so."""
     from ..cost import choose_mesh
+    from ..cost.recipes import PIPELINE_FIELDS
     from ..view.estimate import auto_note
 
     if args.hardware is None:
@@ -90,7 +92,7 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
             f"--{flag}"
         )
     model, train = specs(args)
-    pins = {k: v for k, v in stages(args).items() if k != "pipeline_layers"}
+    pins = {k: v for k, v in stages(args).items() if k in PIPELINE_FIELDS}
     fixed = recipe(args) | pins  # the pipeline's fields given pin the search's
     ranking = choose_mesh(args.hardware, model, train, recipes=[fixed], facts=given_facts(args))
     args.chosen_train = ranking[0].train  # what estimate and compile then run

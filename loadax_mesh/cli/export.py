@@ -52,6 +52,7 @@ def refuse_unread_flags(args: argparse.Namespace) -> None:
             ("--pipeline-microbatches", args.pipeline_microbatches, None),
             ("--pipeline-repeats", args.pipeline_repeats, None),
             ("--pipeline-layers", args.pipeline_layers, None),
+            ("--pipeline-remat", args.pipeline_remat, None),
         )
         if value != default and (args.format != "maxtext" or flag == "--fact")
     ]

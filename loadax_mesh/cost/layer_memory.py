@@ -12,7 +12,7 @@ from ..workload.layout import Roles, regathered, splash_blocks
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
 from .moe import MOE_NAMES, moe_intermediates
-from .saved import PARTS, kept, recomputed
+from .saved import PARTS, kept, recomputed, unrolled_residuals
 from .stored import Shapes, stored
 from .sublayer import recomputed_working
 
@@ -135,6 +135,29 @@ def layer_bytes(
     return sum(
         sizes[name] if found.get(name) is value else _stored(name, value, tile, saved)
         for name, value in kept(train, found, where, kernel, model).items()
+    )
+
+
+@lru_cache(maxsize=1024)
+def unrolled_bytes(
+    model: ModelSpec,
+    train: TrainSpec,
+    sh: Shapes,
+    roles: Roles,
+    tile: tuple[int, int] | None,
+    kernel: str,
+    *,
+    moe: bool = False,
+) -> int:
+    """Bytes one layer recomputed inside a pipeline iteration's checkpoint holds until its
+    backward pass (`saved.unrolled_residuals`) beyond what the recipe saves of it anyway."""
+    shaped = _shape_only(train)
+    found = _found(model, shaped, sh, roles, splash=kernel == "splash", moe=moe)
+    placed = kept(train, found, "device", kernel, model)
+    return sum(
+        _stored(name, value, tile, True)
+        for name, value in unrolled_residuals(found, kernel, model.mlp).items()
+        if name not in placed
     )
 
 

@@ -202,10 +202,11 @@ PHASES = {
         "accumulator",
         "reduced gradients",
         "layer",
-        "pipeline buffers",  # these four a pipelined step's only (cost/pipeline.py)
+        "pipeline buffers",  # these five a pipelined step's only (cost/pipeline.py)
         "stage weights",
         "chunk residuals",
         "kept logits",
+        "iteration residuals",
     ),
     "tail": ("gradients", "accumulator", "reduced gradients", "embeddings", "held tables"),
 }

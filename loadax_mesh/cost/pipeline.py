@@ -26,7 +26,9 @@ pays, as the step does it:
   before; so it is in the 4-layer v5p-16 compiles of a 32000 vocabulary, dense and MoE alike,
   which the term over-counts: no rule found yet, benchmarks/RESULTS.md). Activations are cut
   over the tensor axis (the residual stream's hidden dim) and the sequence axis as a plain
-  step's.
+  step's. With one checkpoint an iteration (`pipeline_remat="iteration"`, MaxText's) the
+  backward pass of a chunk recomputes all its layers before it differentiates them: the other
+  per_chunk - 1 layers hold what they keep for it (`saved.unrolled_residuals`).
 - Collectives. FSDP gathers a stage's layer weights every iteration, forward and backward,
   and reduces their gradients every iteration (the step's scan gathers in the layer, as
   MaxText's pipeline does by default), plus the lead layers' and the tables' as a plain step.
@@ -93,7 +95,7 @@ class Pipeline:
     """The pipeline an estimate priced: `stages` S over `axis`, `microbatches` M, `repeats` R,
     the last `layers` layers pipelined in chunks of `per_chunk`, `iterations` M R + S - 1,
     of which `bubble` (S - 1) / (M R + S - 1) is the share of the schedule idle stages
-    compute on zeros."""
+    compute on zeros; `remat` where the stages checkpoint (TrainSpec.pipeline_remat)."""
 
     axis: str
     stages: int
@@ -103,6 +105,7 @@ class Pipeline:
     per_chunk: int
     iterations: int
     bubble: float
+    remat: str
 
 
 def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
@@ -130,6 +133,7 @@ def summary(st: Stages) -> Pipeline:
         per_chunk=st.per_chunk,
         iterations=st.iterations,
         bubble=bubble(st.stages, st.microbatches, st.repeats),
+        remat=st.remat,
     )
 
 

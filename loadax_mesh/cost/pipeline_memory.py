@@ -10,7 +10,7 @@ from ..hardware.traits import attention_kernel
 from ..workload.layout import Roles
 from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..workload.stages import Stages
-from .layer_memory import layer_bytes
+from .layer_memory import layer_bytes, unrolled_bytes
 from .memory import memory_terms
 from .pipeline import data_roles, moe_stages, shard_elements, stage_train
 from .stored import Shapes, stored
@@ -29,7 +29,8 @@ def pipeline_memory_terms(
     stages as a plain step's with the pipeline axis acting as data, the arguments a stage's,
     the activations every iteration's chunk and the lead layers', the layer term the larger
     of a stage's layer and a lead layer, and the pipelined step's own terms of the layer
-    loop's phase ("pipeline buffers", "stage weights", "chunk residuals", "kept logits")."""
+    loop's phase ("pipeline buffers", "stage weights", "chunk residuals", "kept logits",
+    "iteration residuals")."""
     rd, ts = data_roles(r), stage_train(train, st)
     tile = device.tile
     kernel = attention_kernel(train.attention, device.platform)
@@ -43,7 +44,8 @@ def pipeline_memory_terms(
     saved = partial(layer_bytes, model, saved=True, tile=tile, kernel=kernel)
     lead = st.lead_dense + st.lead_moe
     moe = bool(moe_stages(st))  # a MoE layer's saved tensors: its block's (layer_memory.py)
-    kept_stage = st.per_chunk * st.iterations * saved(ts, Shapes.of(model, ts, r), r, moe=moe)
+    stage_sh = Shapes.of(model, ts, r)
+    kept_stage = st.per_chunk * st.iterations * saved(ts, stage_sh, r, moe=moe)
     sh = Shapes.of(model, train, rd)
     kept = kept_stage + st.lead_dense * saved(train, sh, rd)
     kept += st.lead_moe and st.lead_moe * saved(train, sh, rd, moe=True)
@@ -81,6 +83,12 @@ def pipeline_memory_terms(
         # gradient is taken after the stages' backward pass; beside a sequence axis they take
         # it before (two compiles: only the unembedding's gradient shard stays).
         "kept logits": outer["logits"] // 2 * (r.size("seq") == 1),
+        # One checkpoint an iteration (pipeline_remat "iteration", MaxText's): the backward
+        # pass of a chunk recomputes all its layers before it differentiates them, so beside
+        # the layer being differentiated the other per_chunk - 1 hold what they keep for it.
+        "iteration residuals": (st.per_chunk - 1)
+        * unrolled_bytes(model, ts, stage_sh, r, tile, kernel, moe=moe)
+        * (st.remat == "iteration" and train.remat != "none"),
         # GPU's second layout of the routed experts: a stage's MoE layers' and the lead ones'
         "expert stacks": outer["expert stacks"] * stage_moe // max(model.num_moe_layers, 1),
     }

@@ -17,8 +17,10 @@ layers after it. Remat (layers/pipeline.py, layers/nnx_decoders.py): with the de
 `decoder_layer_input` (plus the remat policy's, none for `full`); the NNX pipeline stage
 applies no remat to its layers (`set_remat_policy_on_layers_per_stage` is read only by the
 Linen `get_pipeline_stage_module`, which nothing calls), and turning the iteration's off saves
-every intermediate of every iteration. No key gives the step's per-layer remat, so the export
-leaves these keys at MaxText's defaults and says what they cost.
+every intermediate of every iteration. That is the step's `pipeline_remat="iteration"` (its
+chunk's layers unrolled in one checkpoint), priced as such; no key gives the step's default
+per-layer checkpoint, so a plan priced with it is exported at MaxText's defaults and a note
+says what they cost.
 """
 
 from __future__ import annotations
@@ -83,14 +85,14 @@ def pipeline_keys(
         "layers pipelined; scan_layers=false as base.yml recommends (MaxText scans the "
         "pipeline iterations)"
     ]
-    if st.per_chunk > 1:
+    if st.per_chunk > 1 and st.remat == "layer":
         notes.append(
             "memory: MaxText remats a pipeline iteration as one block (its default "
             "set_remat_policy_on_pipeline_iterations, keeping each layer's input; at e591f30 no "
             "key remats the layers inside a stage), so the backward pass of an iteration holds "
             f"the recomputed intermediates of all {st.per_chunk} layers of a chunk at once, "
-            "the step one layer's: MaxText needs more memory than the estimate (measured in "
-            "docs/exports.md)"
+            "this plan's step one layer's: estimate with pipeline_remat='iteration' "
+            "(--pipeline-remat iteration) for MaxText's memory (docs/exports.md)"
         )
     if st.layers < model.num_layers and model.name not in LEADING_REST:
         notes.append(

@@ -144,10 +144,12 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
     if e.pipeline is not None:
         p, a = e.pipeline, e.axes.get(e.pipeline.axis)
         moved = "" if a is None else f"; {size_text(a.bytes)} a step over the pipeline axis"
+        block = ", one checkpoint an iteration" * (p.remat == "iteration")
         lines.append(
             f"pipeline   {p.stages} stages x {p.repeats} repeat{'s' * (p.repeats > 1)} of "
             f"{p.per_chunk} layer{'s' * (p.per_chunk > 1)} ({p.layers} pipelined), "
-            f"{p.microbatches} micro-batches: {p.iterations} iterations, bubble {p.bubble:.1%} "
+            f"{p.microbatches} micro-batches{block}: {p.iterations} iterations, "
+            f"bubble {p.bubble:.1%} "
             f"(S - 1) / (M R + S - 1){moved}"
         )
     if e.offload_bytes:

@@ -89,7 +89,8 @@ def decoder(
     step's, checkpointed, the batch over the pipeline axis too, its activations `act`) over
     the layers that are not pipelined, then, with `stages`, `stage_layer` (the step's layer
     with the roles of a stage, whose activations are `stage_act`, not checkpointed yet: the
-    schedule checkpoints it under `policy`, remat.remat_policy's) over the pipelined ones."""
+    schedule checkpoints it under `policy`, remat.py's for `stages.remat`) over the pipelined
+    ones."""
     if stages is None:
         return _layers(layer, x, params, model)
     lead = stages.lead_dense + stages.lead_moe
@@ -154,8 +155,8 @@ def _schedule(
     """One stage's part of the schedule (module docstring): `xs` the micro-batches
     [M, rows, seq, d_model] (float32 across the edge; kept, computed and sent in `dtype`),
     `weights` this stage's chunks [R, 1, per_chunk, ...], `layer` checkpointed here under
-    `policy`. Returns [1, M, ...] (float32): the pipeline's results on the last stage (zeros
-    elsewhere)."""
+    `policy`: each layer, or each iteration's chunk as one (`st.remat` "iteration"). Returns
+    [1, M, ...] (float32): the pipeline's results on the last stage (zeros elsewhere)."""
     S, R, M, axis = st.stages, st.repeats, st.microbatches, st.axis
     stage = jax.lax.axis_index(axis)
     chunks = {k: v[:, 0] for k, v in weights.items()}
@@ -173,6 +174,13 @@ def _schedule(
         def one(x: jax.Array, i: jax.Array) -> tuple[jax.Array, Any]:
             return layer(x, {k: checkpoint_name(v[r, i], PICKED) for k, v in chunks.items()})
 
+        def layers(x: jax.Array) -> jax.Array:
+            for i in range(st.per_chunk):
+                x = one(x, jnp.asarray(i))[0]
+            return x
+
+        if st.remat == "iteration" and policy is not None:  # one checkpoint, as MaxText's
+            return jax.checkpoint(layers, policy=policy)(x)
         run = jax.checkpoint(one, policy=policy or _ALL_BUT_PICKED)
         return jax.lax.scan(run, x, jnp.arange(st.per_chunk))[0]
 

@@ -38,6 +38,17 @@ def remat_policy(train: TrainSpec) -> Any:
     )
 
 
+def iteration_policy(train: TrainSpec) -> Any:
+    """The policy of a pipeline iteration's one checkpoint (TrainSpec.pipeline_remat
+    "iteration"): the layer's, each layer's input saved too (MaxText's decoder_layer_input),
+    since a chunk's layers are not checkpointed one by one; None for "none"."""
+    policy = remat_policy(train)
+    if policy is None:
+        return None
+    inputs = jax.checkpoint_policies.save_only_these_names("layer_input")
+    return jax.checkpoint_policies.save_from_both_policies(policy, inputs)
+
+
 @jax.custom_vjp
 def _regathered_projection(h: jax.Array, w: jax.Array) -> jax.Array:
     """`bsd,dhk->bshk` of `h` and the stored weight `w` cast to h's dtype, whose backward pass

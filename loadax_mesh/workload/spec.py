@@ -49,6 +49,8 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 # How a step runs MoE layers (TrainSpec).
 MOE = ("dropless", "capacity")
 ROUTING = ("learned", "balanced")
+# Where a pipelined step checkpoints (TrainSpec.pipeline_remat).
+PIPELINE_REMAT = ("layer", "iteration")
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -136,8 +138,12 @@ class TrainSpec:
     `pipeline_repeats` 1 is GPipe, more is the circular schedule (each stage holds that many
     non-adjacent chunks of layers: MaxText's num_pipeline_repeats, Megatron's virtual stages);
     `pipeline_layers` how many of the last decoder layers are pipelined (0: every one), the
-    layers before them run with the pipeline axis acting as data. All three are read only on
-    a mesh whose pipeline axis is larger than 1 (`layout.check_fit` checks them there).
+    layers before them run with the pipeline axis acting as data; `pipeline_remat` where the
+    stages checkpoint under `remat`: "layer" each layer (a layer's backward pass holds one
+    layer's recomputed intermediates), "iteration" one checkpoint around a stage's chunk of
+    layers an iteration, each layer's input saved (MaxText's pipeline: the backward pass of
+    a chunk holds all its layers' intermediates at once). All four are read only on a mesh
+    whose pipeline axis is larger than 1 (`layout.check_fit` checks them there).
 
     Raises:
         MeshConfigError: when built with an invalid field (a batch that is not a positive int,
@@ -159,6 +165,7 @@ class TrainSpec:
     pipeline_microbatches: int = 0
     pipeline_repeats: int = 1
     pipeline_layers: int = 0
+    pipeline_remat: str = "layer"
 
     def __post_init__(self) -> None:
         _positive(self.global_batch, "global_batch")
@@ -187,7 +194,11 @@ class TrainSpec:
             raise MeshConfigError(
                 f"learning_rate={self.learning_rate!r}; accepted: a positive float"
             )
-        for name, accepted in (("moe", MOE), ("routing", ROUTING)):
+        for name, accepted in (
+            ("moe", MOE),
+            ("routing", ROUTING),
+            ("pipeline_remat", PIPELINE_REMAT),
+        ):
             if getattr(self, name) not in accepted:
                 raise MeshConfigError(
                     f"{name}={getattr(self, name)!r}; accepted: {', '.join(accepted)}"

@@ -30,7 +30,8 @@ STAGED = "stages/"  # the prefix of the pipelined weights in the step's paramete
 class Stages:
     """The pipeline of one step: `stages` S over the pipeline axis `axis`, `repeats` R chunks
     a stage, `microbatches` M, the last `layers` of the model pipelined from the stack `stack`
-    ("layers" or "moe_layers"), after `lead_dense` dense and `lead_moe` MoE layers."""
+    ("layers" or "moe_layers"), after `lead_dense` dense and `lead_moe` MoE layers; `remat`
+    where the stages checkpoint (TrainSpec.pipeline_remat)."""
 
     axis: str
     stages: int
@@ -40,6 +41,7 @@ class Stages:
     stack: str
     lead_dense: int
     lead_moe: int
+    remat: str = "layer"
 
     @property
     def per_chunk(self) -> int:
@@ -141,6 +143,7 @@ def pipeline_stages(
         stack=kinds[-1],
         lead_dense=lead.count("layers"),
         lead_moe=lead.count("moe_layers"),
+        remat=train.pipeline_remat,
     )
 
 

@@ -71,6 +71,37 @@ def test_a_stage_holds_its_layers_and_the_tables() -> None:
     assert e.terms["activations"] == (2 + 1) * (L // S) * 1 * 2048 * d * 2
 
 
+@pytest.mark.parametrize("repeats", [1, 2, 4])
+def test_one_checkpoint_an_iteration_holds_the_chunks_other_layers(repeats: int) -> None:
+    """pipeline_remat "iteration" (MaxText's): beside the layer being differentiated, the
+    chunk's other per_chunk - 1 layers hold their matmul and kernel outputs and the values those
+    read (one GPU, a micro-batch of one row: bf16 rows x seq wide), never the float32 norm
+    copies or the SwiGLU's by-products; saved, compute and traffic as a checkpoint a layer's."""
+    S, seq, d, f, kv = 2, 2048, 2048, 8192, 8 * 128
+    where = plan("gpu-p5.48xlarge-16", pipeline=S, fsdp=8)
+    layer = TrainSpec(global_batch=16, pipeline_repeats=repeats)
+    one = estimate(where, LONG, layer)
+    block = estimate(where, LONG, replace(layer, pipeline_remat="iteration"))
+    per_chunk = 8 // (S * repeats)
+    # norm outputs x2, rotated q, rotated k, v, attention (cuDNN's, no copy in a kernel
+    # layout), gate, up, gated, and the log-sum-exp (float32, a value a head and token)
+    held = 2 * seq * (2 * d + d + kv + kv + d + 3 * f) + 4 * 16 * seq
+    assert block.terms["iteration residuals"] == (per_chunk - 1) * held
+    assert one.terms["iteration residuals"] == 0
+    for name in set(one.terms) - {"iteration residuals"}:
+        assert block.terms[name] == one.terms[name], name
+    assert block.flops == one.flops
+    assert block.axes["fsdp"].bytes == one.axes["fsdp"].bytes
+    # remat "none" saves everything already: nothing more is held
+    none = replace(layer, remat="none")
+    assert (
+        estimate(where, LONG, replace(none, pipeline_remat="iteration")).terms[
+            "iteration residuals"
+        ]
+        == 0
+    )
+
+
 def test_the_stages_send_each_micro_batch_forward_and_back() -> None:
     train = TrainSpec(global_batch=256, pipeline_microbatches=8)
     e = estimate(plan("tpu-v5p-64", pipeline=4, fsdp=8), LONG, train)

@@ -63,6 +63,12 @@ def test_the_block_remat_note_appears_only_where_a_chunk_has_several_layers() ->
         said = [n for n in config.notes if n.startswith("memory: MaxText remats")]
         assert len(said) == (per_chunk > 1)
         assert all(f"all {per_chunk} layers" in n for n in said)
+        assert all("pipeline_remat='iteration'" in n for n in said)
+        # priced with MaxText's own remat, the plan's step is MaxText's: no note, same keys
+        same = plan.to_maxtext(replace(train, pipeline_remat="iteration"), model=LLAMA,
+                               order=False)  # fmt: skip
+        assert same.keys == config.keys
+        assert not [n for n in same.notes if n.startswith("memory:")]
 
 
 def test_circular_over_two_slices_names_the_dcn_stages_and_the_layer_order() -> None:

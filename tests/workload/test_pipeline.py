@@ -68,6 +68,9 @@ def losses(p, model, batch=8, **fields):
         (MOE8, (4, 2), {"pipeline_repeats": 2}),
         (replace(TINY, num_layers=6), (2, 4), {"pipeline_layers": 4, "pipeline_repeats": 2}),
         (LEADING, (4, 2), {"pipeline_layers": 4}),
+        # one checkpoint an iteration (MaxText's remat): the chunk's layers unrolled in it
+        (DENSE8, (2, 4), {"pipeline_remat": "iteration"}),
+        (MOE8, (2, 4), {"pipeline_repeats": 2, "pipeline_remat": "iteration"}),
     ],
     ids=[
         "gpipe",
@@ -78,6 +81,8 @@ def losses(p, model, batch=8, **fields):
         "moe-circular",
         "last-4-of-6",
         "moe-after-dense",
+        "iteration-remat",
+        "moe-circular-iteration-remat",
     ],
 )
 def test_the_pipelined_step_trains_like_one_device(single, model, shape, fields):
@@ -126,14 +131,19 @@ def test_the_pipelined_gradients_are_one_devices(single):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("remat", "repeats"), [("full", 1), ("full", 2), ("dots", 2)])
-def test_the_backward_pass_keeps_a_stages_weights_once_not_every_iteration(capsys, remat, repeats):
+@pytest.mark.parametrize(
+    ("remat", "repeats", "where"),
+    [("full", 1, "layer"), ("full", 2, "layer"), ("dots", 2, "layer"), ("full", 1, "iteration")],
+)
+def test_the_backward_pass_keeps_a_stages_weights_once_not_every_iteration(
+    capsys, remat, repeats, where
+):
     """What the backward pass saves of the pipelined layers' weights: the stage's chunks
     ([repeats x stages, per_chunk, ...] over the mesh), never the weights a layer picks from
     them once per iteration of the schedule ([iterations x stages, per_chunk, ...]: 1.5 GB
     a chip more on v5p-128 and 5 GB a GPU on 2 x 8 H100s for LLaMA-3 8B, RESULTS.md)."""
     p = plan((2, 4))
-    train = TrainSpec(global_batch=8, remat=remat, pipeline_repeats=repeats)
+    train = TrainSpec(global_batch=8, remat=remat, pipeline_repeats=repeats, pipeline_remat=where)
     step = make_step(p.to_jax_mesh(), DENSE8, train, batch_axes=p.batch_axis_names)
     params, _, batch = step.abstract_args()
     jax.ad_checkpoint.print_saved_residuals(step.loss, params, batch)
@@ -150,6 +160,33 @@ def test_the_backward_pass_keeps_a_stages_weights_once_not_every_iteration(capsy
         kept = [s[:2] for s in saved if len(s) == w.ndim - 1 and s[2:] == layer]
         assert kept, name  # the chunks are kept (the backward pass reads them)
         assert all(math.prod(k) <= math.prod(w.shape[:3]) for k in kept), (name, kept)
+
+
+@pytest.mark.slow
+def test_one_checkpoint_an_iteration_saves_what_a_checkpoint_a_layer_saves(capsys):
+    """pipeline_remat "iteration" keeps each layer's input as the per-layer checkpoint does
+    (MaxText's decoder_layer_input): what the two save for the backward pass is the same; they
+    differ only in what the backward pass recomputes at once (cost/pipeline_memory.py)."""
+    p = plan((2, 4))
+
+    def saved(where):
+        train = TrainSpec(global_batch=8, pipeline_remat=where)
+        step = make_step(p.to_jax_mesh(), DENSE8, train, batch_axes=p.batch_axis_names)
+        jax.ad_checkpoint.print_saved_residuals(step.loss, *step.abstract_args()[::2])
+        found = re.findall(r"^(\w+)\[([\d,]*)\]", capsys.readouterr().out, re.M)
+        elements: dict[str, int] = {}  # by dtype: the unrolled chunk saves a layer's apart
+        for dtype, dims in found:
+            if dtype not in ("f32", "bf16"):  # the schedule's indices and flags differ
+                continue
+            n = math.prod(int(x) for x in dims.split(",") if x)
+            elements[dtype] = elements.get(dtype, 0) + n
+        return found, elements
+
+    layer, layer_elements = saved("layer")
+    assert ("bf16", "6,4,4,128,128") in layer  # iterations x per_chunk x a micro-batch's inputs
+    iteration, iteration_elements = saved("iteration")
+    assert iteration.count(("bf16", "6,4,128,128")) == 4  # the same, a layer at a time
+    assert iteration_elements == layer_elements
 
 
 @pytest.mark.slow
@@ -221,6 +258,7 @@ def test_the_pipeline_axis_has_the_pipeline_role():
         ({"pipeline_repeats": -2}, "pipeline_repeats=-2; accepted: a positive integer"),
         ({"pipeline_layers": -4}, "pipeline_layers=-4; accepted: a non-negative integer"),
         ({"pipeline_layers": 2.0}, "pipeline_layers=2.0; accepted: a non-negative integer"),
+        ({"pipeline_remat": "chunk"}, "pipeline_remat='chunk'; accepted: layer, iteration"),
     ],
 )
 def test_a_train_spec_refuses_negative_pipeline_fields(fields, message):
