@@ -150,8 +150,18 @@ CASES: list[tuple[Any, ...]] = [
     ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 1, "iteration"),
     ("tpu-v5p-128", "mesh:pipeline=4,fsdp=16", "llama3-8b", 64, "full", 1, 1, 0, 2, "iteration"),
     ("gpu-p5.48xlarge-16", "mesh:pipeline=2,fsdp=8", "llama3-8b", 16, "full", 1, 1, 0, 1),
-    ("gpu-p5.48xlarge-16", "mesh:pipeline=2,fsdp=8", "llama3-8b", 16, "full", 1, 1, 0, 2,
-     "iteration"),  # fmt: skip
+    (
+        "gpu-p5.48xlarge-16",
+        "mesh:pipeline=2,fsdp=8",
+        "llama3-8b",
+        16,
+        "full",
+        1,
+        1,
+        0,
+        2,
+        "iteration",
+    ),
     # ... beside a tensor axis (the residual stream cut over it in every stage) and beside a
     # sequence axis
     ("tpu-v5p-128", "mesh:pipeline=2,fsdp=8,model=4", "llama3-8b", 64, "full", 1, 1, 0, 1),
