@@ -89,7 +89,7 @@ def decoder(
     step's, checkpointed, the batch over the pipeline axis too, its activations `act`) over
     the layers that are not pipelined, then, with `stages`, `stage_layer` (the step's layer
     with the roles of a stage, whose activations are `stage_act`, not checkpointed yet: the
-    schedule checkpoints it under `policy`, remat.py's for `stages.remat`) over the pipelined
+    schedule checkpoints it under `policy`, remat.stage_policy's) over the pipelined
     ones."""
     if stages is None:
         return _layers(layer, x, params, model)

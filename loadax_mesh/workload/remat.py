@@ -38,13 +38,14 @@ def remat_policy(train: TrainSpec) -> Any:
     )
 
 
-def iteration_policy(train: TrainSpec) -> Any:
-    """The policy of a pipeline iteration's one checkpoint (TrainSpec.pipeline_remat
-    "iteration"): the layer's, each layer's input saved too (MaxText's decoder_layer_input),
-    since a chunk's layers are not checkpointed one by one; None for "none"."""
+def stage_policy(train: TrainSpec) -> Any:
+    """The policy a pipeline's schedule checkpoints under: the layer's (pipeline_remat
+    "layer"), or for one checkpoint an iteration ("iteration") the layer's with each layer's
+    input saved too (MaxText's decoder_layer_input), since a chunk's layers are then not
+    checkpointed one by one; None for "none"."""
     policy = remat_policy(train)
-    if policy is None:
-        return None
+    if policy is None or train.pipeline_remat == "layer":
+        return policy
     inputs = jax.checkpoint_policies.save_only_these_names("layer_input")
     return jax.checkpoint_policies.save_from_both_policies(policy, inputs)
 

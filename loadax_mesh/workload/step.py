@@ -31,7 +31,7 @@ from .layout import Roles, check_fit, param_shapes, regathered, roles, stages_of
 from .loss import cross_entropy_loss
 from .moe import moe_mlp
 from .pipeline import decoder, to_stages
-from .remat import _regathered_projection, iteration_policy
+from .remat import _regathered_projection, stage_policy
 from .remat import remat_policy as remat_policy
 from .spec import ModelSpec, TrainSpec
 from .stages import Stages, staged_shapes
@@ -231,9 +231,7 @@ class Step:
             stages=self.stages,
             layer=self._checkpointed(act),
             stage_layer=partial(stage._layer, act=stage_act),  # checkpointed there
-            policy=(iteration_policy if self.train.pipeline_remat == "iteration" else remat_policy)(
-                self.train
-            ),
+            policy=stage_policy(self.train),
             mesh=self.mesh,
             act=act,
             stage_act=stage_act,
