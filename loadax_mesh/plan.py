@@ -138,13 +138,14 @@ class MeshPlan:
         }
 
     def to_maxtext(
-        self, train: TrainSpec, *, model: ModelSpec | None = None, order: bool = True
+        self, train: TrainSpec, *, model: ModelSpec | str | None = None, order: bool = True
     ) -> MaxTextConfig:
         """MaxText's config keys for this plan and `train`'s recipe, with what does not travel.
 
         Args:
             train: the batch, dtypes and recipe.
-            model: the model, for `model_name` and the sequence length (optional).
+            model: the model (a ModelSpec or a catalogue name), for `model_name` and the
+                sequence length (optional).
             order: also judge the device order MaxText builds with jax's `mesh_utils` (imports jax).
 
         Returns:

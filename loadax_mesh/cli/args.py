@@ -58,7 +58,11 @@ PLAN_FLAGS: dict[str, tuple[dict[str, Any], str]] = {  # flag: (argparse options
     "--shape": ({}, "mesh shape such as 16,16 or -1,8 (no rules); the ICI part with --dcn-shape"),
     "--dcn-shape": ({}, "the DCN part of a hybrid shape, e.g. 4,1"),
     "--axes": ({}, "axis names for --shape, e.g. data,model"),
-    "--batch-axes": ({}, "batch axes, e.g. data,fsdp (default: the preset's, else the first)"),
+    "--batch-axes": (
+        {},
+        "batch axes, e.g. data,fsdp (default: the preset's, else the first axis that is not a "
+        "pipeline axis)",
+    ),
     "--granule": (
         {"default": "auto", "choices": ["auto", "slice", "process", "none"]},
         "what one ICI island is (default: auto)",
@@ -110,7 +114,7 @@ def config_from_args(args: argparse.Namespace, selector: str) -> tuple[MeshConfi
         if args.batch_axes
         else preset.batch_axis_names
         if preset is not None
-        else axes[0]
+        else _first_batch_axis(axes)
     )
     if args.shape is not None:
         shape: Any = _ints(args.shape, "--shape")
@@ -194,3 +198,11 @@ def _strategy_names() -> str:
     from ..presets import strategy_names
 
     return ", ".join(strategy_names())
+
+
+def _first_batch_axis(axes: tuple[str, ...]) -> str:
+    """The default batch axis of --axes: the first that is not a pipeline axis (a pipeline's
+    stages run the layers one after another, never on parts of the batch)."""
+    from ..workload.layout import PIPELINE_NAMES
+
+    return next((a for a in axes if a not in PIPELINE_NAMES), axes[0])

@@ -152,7 +152,25 @@ def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | N
             raise
         overrides = " ".join(f"--set {item}" for item in args.overrides)
         raise MeshConfigError(f"{err} (the preset's shape after {overrides})") from None
+    if ranking is None:
+        _refuse_unread_stages(args, plan)
     return plan, notes, ranking
+
+
+def _refuse_unread_stages(args: argparse.Namespace, plan: MeshPlan) -> None:
+    """The --pipeline-* flags are read only where the plan has a pipeline axis larger than 1:
+    given for a plan without one, they would change nothing (a UsageError saying so)."""
+    from ..workload.layout import PIPELINE_NAMES
+    from .cost import stages
+
+    given = [f"--{k.replace('_', '-')}" for k in stages(args)]
+    if given and not any(plan.shape.get(a, 1) > 1 for a in PIPELINE_NAMES):
+        shape = " x ".join(f"{a}={n}" for a, n in plan.shape.items())
+        raise UsageError(
+            f"{given[0]} is read only on a mesh with a pipeline axis larger than 1, and this "
+            f"plan ({shape}) has none; drop it, or plan stages (e.g. --strategy "
+            "pipeline_fsdp_tp --set pp=4, or --axes pipeline,... with --shape)"
+        )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

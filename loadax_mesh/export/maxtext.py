@@ -272,10 +272,17 @@ def _model(model: ModelSpec) -> dict[str, str]:
 
 
 def to_maxtext(
-    plan: PlanView, train: TrainSpec, *, model: ModelSpec | None = None, order: bool = True
+    plan: PlanView,
+    train: TrainSpec,
+    *,
+    model: ModelSpec | str | None = None,
+    order: bool = True,
 ) -> MaxTextConfig:
-    """The MaxText keys for `plan` and `train` (and `model`'s shape, when given); `order`
-    compares MaxText's device order (jax's mesh_utils, which imports jax) with the plan's."""
+    """The MaxText keys for `plan` and `train` (and `model`'s shape, when given: a ModelSpec
+    or a catalogue name); `order` compares MaxText's device order (jax's mesh_utils, which
+    imports jax) with the plan's."""
+    if model is not None and not isinstance(model, ModelSpec):
+        model = ModelSpec.from_name(model)  # a MeshConfigError naming the model if unknown
     if train.opt_state_dtype != train.param_dtype:
         raise MeshConfigError(
             f"to_maxtext: opt_state_dtype={train.opt_state_dtype!r} with param_dtype="

@@ -169,9 +169,13 @@ def stage_lines(plan: PlanView, *, most: int = 12) -> list[str]:
         granules = sorted(set(plan.layout.granule[rows[s]].tolist()))
         hosts = sorted(set(plan.table.process_index[rows[s]].tolist()))
         ids = sorted(plan.table.ids[rows[s]].tolist())
+        kind = plan.granule_kind
+        # a granule that is the host says nothing more; "none" is one granule of everything
+        where = "" if kind in ("none", "process") else (
+            f"{kind}{'s' * (len(granules) > 1)} {span_text(granules)}, "
+        )  # fmt: skip
         out.append(
-            f"             stage {s}: {plan.granule_kind}{'s' * (len(granules) > 1)} "
-            f"{span_text(granules)}, "
+            f"             stage {s}: {where}"
             f"host{'s' * (len(hosts) > 1)} {_capped(hosts)}, device ids {_capped(ids)}"
         )
     return out

@@ -19,6 +19,7 @@ from .report import size_text
 
 if TYPE_CHECKING:
     from ..cost import Choice, Estimate, Ranking
+    from ..cost.traffic import Collective
 
 PERMUTES = "collective-permute"
 
@@ -55,8 +56,8 @@ def pipeline_lines(ranking: Ranking) -> list[str]:
         f"{pipe.microbatches} micro-batches x {pipe.repeats} repeat{'s' * (pipe.repeats > 1)}), "
         f"compute "
         f"{s.time.compute:.2f} s; stage-to-stage {size_text(moved)} a step over {where}{took}; "
-        f"the pipeline axis {size_text(a.bytes)}, {a.seconds:.2f} s; across granules "
-        f"{s.time.across_granules:.2f} s{_dcn_axes(s)}"
+        f"the pipeline axis {size_text(a.bytes)}, {a.seconds:.2f} s{_largest(a.collectives)}; "
+        f"across granules {s.time.across_granules:.2f} s{_dcn_axes(s)}"
     )
     out.append(f"with       {line}")
     out.append(
@@ -65,6 +66,17 @@ def pipeline_lines(ranking: Ranking) -> list[str]:
     )
     out.append(f"           {_why(s, p)}")
     return out
+
+
+def _largest(found: list[Collective], most: int = 2) -> str:
+    """The pipeline axis's largest transfers besides the stage-to-stage permutes, by bytes a
+    step (what else its total holds)."""
+    rest = sorted(
+        (c for c in found if "stage-to-stage" not in c.what),
+        key=lambda c: -c.bytes * c.count,
+    )[:most]
+    named = ", ".join(f"{c.what} {size_text(c.bytes * c.count)}" for c in rest)
+    return f" (of which {named})" if rest else ""
 
 
 def _why(s: Estimate, p: Estimate) -> str:

@@ -98,8 +98,8 @@ def pipeline_stages(
     layers = train.pipeline_layers or L
     if layers > L:
         raise MeshConfigError(
-            f"pipeline_layers={train.pipeline_layers} is more than model {model.name!r}'s "
-            f"num_layers={L}; accepted: 0 (every layer) or a count up to {L}"
+            f"pipeline_layers={train.pipeline_layers} is more than the num_layers={L} of model "
+            f"{model.name!r}; accepted: 0 (every layer) or a count up to {L}"
         )
     chunks = stages * train.pipeline_repeats
     if layers % chunks:
@@ -131,7 +131,8 @@ def pipeline_stages(
             f"pipeline_microbatches={train.pipeline_microbatches} ({m} micro-batches) does not "
             f"divide the batch each stage sees, {rows} rows, into micro-batches its batch axes "
             f"({', '.join(axes) or 'none'}: {batch}) split evenly; accepted: 0 or a count of "
-            f"at least {stages} that divides {rows // batch}, e.g. {fits[:6]}"
+            f"at least {stages} that divides {rows // batch} (the rows of a batch shard), e.g. "
+            f"{fits[:6]}"
         )
     lead = kinds[: L - layers]
     return Stages(

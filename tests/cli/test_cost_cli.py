@@ -150,3 +150,27 @@ def test_plan_auto_searches_pipelines_and_prints_their_terms_and_stages(capsys):
     assert code == 0 and staged
     assert all(s["repeats"] == other for s in staged)
     assert data["ranking"]["pipeline_stages_searched"] == [2, 4, 8, 16]
+
+
+def test_pipeline_flags_on_the_command_line(capsys):
+    """--axes with a pipeline axis first: the default batch axis is the next one (stages never
+    split the batch); the stage lines name hosts without a granule kind that says nothing;
+    --pipeline-remat reaches the estimate (none under remat none: nothing is checkpointed);
+    --pipeline-* on a plan without stages is refused, naming the flag."""
+    staged = ["tpu-v5p-128", "--axes", "pipeline,fsdp", "--shape", "4,16"]
+    code, out, _ = run(capsys, "plan", *staged)
+    assert code == 0 and "batch      * axes fsdp: data-parallel degree 16" in out
+    assert "stage 0: hosts 0-3, device ids 0-15" in out and "stage 0: none" not in out
+    work = ["--model", "llama3-8b", "--global-batch", "64"]
+    code, out, _ = run(capsys, "estimate", *staged, *work, "--pipeline-remat", "iteration")
+    assert code == 0 and "4 micro-batches, one checkpoint an iteration:" in out
+    assert "iteration residuals" in out
+    code, out, _ = run(
+        capsys, "estimate", *staged, *work, "--pipeline-remat", "iteration", "--remat", "none"
+    )
+    assert code == 0 and "one checkpoint an iteration" not in out
+    plain = ["tpu-v5p-128", "--strategy", "fsdp", *work]
+    for command in (["estimate"], ["plan", "--format", "maxtext"]):
+        code, _, err = run(capsys, *command, *plain, "--pipeline-repeats", "2")
+        assert code == 2
+        assert "--pipeline-repeats is read only on a mesh with a pipeline axis larger than 1" in err

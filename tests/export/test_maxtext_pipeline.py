@@ -54,6 +54,14 @@ def test_gpipe_on_one_slice_resolves_every_pipeline_key() -> None:
     assert any("intermediates of all 8 layers of a chunk" in n for n in config.notes)
 
 
+def test_the_model_may_be_named_as_choose_mesh_takes_it() -> None:
+    plan, train = _plan("tpu-v5p-128"), TrainSpec(global_batch=64)
+    named = plan.to_maxtext(train, model="llama3-8b", order=False)
+    assert named.keys == plan.to_maxtext(train, model=LLAMA, order=False).keys
+    with pytest.raises(MeshConfigError, match="model='llama-9' is not a known model"):
+        plan.to_maxtext(train, model="llama-9", order=False)
+
+
 def test_the_block_remat_note_appears_only_where_a_chunk_has_several_layers() -> None:
     plan = _plan("tpu-v5p-128")
     for repeats, per_chunk in ((2, 4), (8, 1)):

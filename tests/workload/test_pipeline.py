@@ -294,7 +294,7 @@ def test_a_train_spec_refuses_negative_pipeline_fields(fields, message):
             DENSE4,
             (2, 4),
             {"pipeline_layers": 6},
-            "pipeline_layers=6 is more than model 'tiny'.s num_layers=4; accepted: 0",
+            "pipeline_layers=6 is more than the num_layers=4 of model 'tiny'; accepted: 0",
         ),
         (
             DENSE4,
@@ -309,7 +309,8 @@ def test_a_train_spec_refuses_negative_pipeline_fields(fields, message):
             {"pipeline_microbatches": 3},
             r"pipeline_microbatches=3 \(3 micro-batches\) does not divide the batch each stage "
             r"sees, 8 rows, into micro-batches its batch axes \(fsdp: 4\) split evenly; "
-            r"accepted: 0 or a count of at least 2 that divides 2, e.g. \[2\]",
+            r"accepted: 0 or a count of at least 2 that divides 2 \(the rows of a batch shard\), "
+            r"e.g. \[2\]",
         ),
         (
             replace(MOE, num_layers=4, first_dense_layers=1, moe_every=2),
