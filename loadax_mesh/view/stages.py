@@ -11,6 +11,7 @@ reductions across granules of a mesh without it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..cost.axis_time import axis_total
@@ -68,7 +69,7 @@ def pipeline_lines(ranking: Ranking) -> list[str]:
     return out
 
 
-def _largest(found: list[Collective], most: int = 2) -> str:
+def _largest(found: Iterable[Collective], most: int = 2) -> str:
     """The pipeline axis's largest transfers besides the stage-to-stage permutes, by bytes a
     step (what else its total holds)."""
     rest = sorted(
