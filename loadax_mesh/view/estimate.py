@@ -78,8 +78,10 @@ def ranking_text(ranking: Ranking) -> str:
         f"(if) {', '.join(rows)}. {text}; each step as priced at that bandwidth"
         for text, rows in conditions.items()
     ]
+    given = ranking[0].estimate.given if len(ranking) else {}  # the same for every choice
     return (
-        f"ranking    {ranking.considered} shapes x ICI/DCN splits considered; pruned: {pruned}; "
+        "".join(f"given      {k} = {v} ({GIVEN})\n" for k, v in given.items())
+        + f"ranking    {ranking.considered} shapes x ICI/DCN splits considered; pruned: {pruned}; "
         f"{ranking.planned} planned on the real rings{unsearched}{assumed}; recipe: remat x "
         f"micro-batches [/ logits chunks]{moe}{pp}\n{text_table(rows)}"
         + "".join(f"\n           {m}" for m in marks)

@@ -174,3 +174,12 @@ def test_pipeline_flags_on_the_command_line(capsys):
         code, _, err = run(capsys, *command, *plain, "--pipeline-repeats", "2")
         assert code == 2
         assert "--pipeline-repeats is read only on a mesh with a pipeline axis larger than 1" in err
+
+
+def test_plan_auto_marks_the_facts_the_user_gave(capsys):
+    argv = ["plan", "gpu-p5.48xlarge-16", "--strategy", "auto", "--model", "llama3-8b"]
+    code, out, _ = run(capsys, *argv, "--global-batch", "16", "--fact", "network_per_gpu=100Gbps")
+    assert code == 0
+    assert out.startswith("given      network_per_gpu = 100 Gbps (given by the user)\nranking ")
+    code, out, _ = run(capsys, *argv, "--global-batch", "16")
+    assert code == 0 and "given by the user" not in out
