@@ -100,7 +100,15 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     if ranking[0].estimate.pipeline is not None:
         fields += ("pipeline_microbatches", "pipeline_repeats")
     searched = [f"--{k.replace('_', '-')}" for k in fields if k not in fixed]
-    return ranking[0].config, ranking, auto_note(ranking, searched)
+    note = auto_note(ranking, searched)
+    if pins and ranking.stages and ranking.with_pipeline is None:
+        pinned = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in pins.items())
+        note += (
+            f"; no pipelined mesh was priced with {pinned} (stages x repeats must divide the "
+            "pipelined layers, the micro-batches be at least the stages and divide the batch: "
+            "the pruned counts above)"
+        )
+    return ranking[0].config, ranking, note
 
 
 def estimate_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str]) -> int:

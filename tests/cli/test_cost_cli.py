@@ -183,3 +183,13 @@ def test_plan_auto_marks_the_facts_the_user_gave(capsys):
     assert out.startswith("given      network_per_gpu = 100 Gbps (given by the user)\nranking ")
     code, out, _ = run(capsys, *argv, "--global-batch", "16")
     assert code == 0 and "given by the user" not in out
+
+
+def test_plan_auto_says_when_a_pinned_pipeline_field_fits_no_pipeline(capsys):
+    """Two hosts search 2 stages; 2 x 3 repeats divide none of LLaMA-3 8B's 32 layers."""
+    argv = ["plan", "gpu-p5.48xlarge-16", "--strategy", "auto", "--model", "llama3-8b"]
+    code, out, _ = run(capsys, *argv, "--global-batch", "16", "--pipeline-repeats", "3")
+    assert code == 0 and "pipelines  searched across granules: 2 stages" in out
+    assert "no pipelined mesh was priced with --pipeline-repeats 3 (stages x repeats" in out
+    code, out, _ = run(capsys, *argv, "--global-batch", "16", "--pipeline-repeats", "2")
+    assert code == 0 and "no pipelined mesh was priced" not in out
