@@ -88,7 +88,7 @@ def pipeline_memory_terms(
         # the layer being differentiated the other per_chunk - 1 hold what they keep for it.
         "iteration residuals": (st.per_chunk - 1)
         * unrolled_bytes(model, ts, stage_sh, r, tile, kernel, moe=moe)
-        * (st.remat == "iteration" and train.remat != "none"),
+        * (st.remat == "iteration"),
         # GPU's second layout of the routed experts: a stage's MoE layers' and the lead ones'
         "expert stacks": outer["expert stacks"] * stage_moe // max(model.num_moe_layers, 1),
     }

@@ -85,7 +85,7 @@ def pipeline_keys(
         "layers pipelined; scan_layers=false as base.yml recommends (MaxText scans the "
         "pipeline iterations)"
     ]
-    if st.per_chunk > 1 and st.remat == "layer":
+    if st.per_chunk > 1 and st.remat == "layer" and train.remat != "none":  # "none": alike
         notes.append(
             "memory: MaxText remats a pipeline iteration as one block (its default "
             "set_remat_policy_on_pipeline_iterations, keeping each layer's input; at e591f30 no "

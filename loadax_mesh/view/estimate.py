@@ -146,8 +146,7 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
     if e.pipeline is not None:
         p, a = e.pipeline, e.axes.get(e.pipeline.axis)
         moved = "" if a is None else f"; {size_text(a.bytes)} a step over the pipeline axis"
-        iterated = p.remat == "iteration" and e.remat != "none"  # "none" checkpoints nothing
-        block = ", one checkpoint an iteration" * iterated
+        block = ", one checkpoint an iteration" * (p.remat == "iteration")
         lines.append(
             f"pipeline   {p.stages} stages x {p.repeats} repeat{'s' * (p.repeats > 1)} of "
             f"{p.per_chunk} layer{'s' * (p.per_chunk > 1)} ({p.layers} pipelined), "

@@ -179,7 +179,7 @@ def _schedule(
                 x = one(x, jnp.asarray(i))[0]
             return x
 
-        if st.remat == "iteration" and policy is not None:  # one checkpoint, as MaxText's
+        if st.remat == "iteration":  # one checkpoint, as MaxText's
             return jax.checkpoint(layers, policy=policy)(x)
         run = jax.checkpoint(one, policy=policy or _ALL_BUT_PICKED)
         return jax.lax.scan(run, x, jnp.arange(st.per_chunk))[0]

@@ -144,7 +144,8 @@ def pipeline_stages(
         stack=kinds[-1],
         lead_dense=lead.count("layers"),
         lead_moe=lead.count("moe_layers"),
-        remat=train.pipeline_remat,
+        # remat "none" checkpoints nothing, so there is no iteration to checkpoint either
+        remat=train.pipeline_remat if train.remat != "none" else "layer",
     )
 
 
