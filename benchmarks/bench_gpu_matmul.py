@@ -185,7 +185,7 @@ def main() -> None:
         peer = f", torch {total_flops / torch_s / 1e12:.0f}" if torch_s else ""
         print(f"{model_name}: all shapes jax {total_flops / jax_s / 1e12:.0f}{share}{peer}")
         # the attention kernels: 4 FLOPs a causal pair, head and head_dim forward, 10 backward
-        # (cost/time.py's cuDNN count)
+        # (cost/timing/step.py's cuDNN count)
         pairs, fwd, fwd_bwd = time_attention(model_name, tokens, a.reps, a.small)
         spec = ModelSpec.from_name(model_name)
         unit = pairs * spec.num_heads * spec.head_dim

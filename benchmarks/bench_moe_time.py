@@ -5,13 +5,13 @@ whether the estimate says the recipe fits (device and host memory).
 The dense calibrations (`compute_efficiency`, `matmul_intensity`) are the shipped ones, fitted
 on the dense runs alone (benchmarks/bench_time.py): no MoE run went into them. The one MoE
 calibration, `permute_bandwidth` (the share of HBM bandwidth at which the dropless path's
-gathers and scatter-adds by row index move rows; cost/moe_time.py), is fitted here on the runs
+gathers and scatter-adds by row index move rows; cost/timing/moe.py), is fitted here on the runs
 with a logged step, and each run is judged with it fitted on the others (leave one out, a grid
 search of the squared relative errors). The dropping runs do not depend on it (their dispatch
 and combine are einsums, priced by shape). Rows without a logged step (an MFU statement) are
 printed, never fitted. Target (issue 34): every run with a logged step within 25%, and
 estimated to fit. Beside the terms, each direction's host transfer of the offloaded
-activations and the forward pass it hides in (cost/time.py: what exceeds the forward, or the
+activations and the forward pass it hides in (cost/timing/step.py: what exceeds the forward, or the
 rest of the step, is exposed).
 
 Also printed: issue 1256's fine-grained check (Mixtral 8x7B's experts as 8 of top-2 against 56

@@ -5,7 +5,7 @@ priced and every assumption named. Nothing here is fitted to these runs: the cal
 the shipped ones (configs/calibration.toml), fitted on runs without a pipeline.
 
 A run the cost model does not price yet (tensor, sequence or expert axes or MoE layers beside a
-pipeline: cost/pipeline.py refuses them with a MeshConfigError) is printed with the refusal's
+pipeline: cost/pipeline/stages.py refuses them with a MeshConfigError) is printed with the refusal's
 reason; a run whose model is not in the catalogue says so.
 
 Then the schedule comparison: torchtitan's interleaved 1F1B against its 1F1B (T6 over T5,

@@ -4,7 +4,7 @@ MaxText's GPT-3 (a what-if; the model is not changed by it).
 MaxText's GPT-3 175B step on compile-only v6e-256 devices (fsdp 256, 2 layers; its recipe's
 XLA flags, and again with LLaMA-3.1 70B's; benchmarks/RESULTS.md, read with
 benchmarks/probe_fsdp_schedule.py) gathers each layer's attention weights in line each pass
-(the time model prices that: cost/traffic.py's `layer_collectives`) and reduces every weight
+(the time model prices that: cost/parts/traffic.py's `layer_collectives`) and reduces every weight
 gradient with an in-line all-reduce of the whole gradient, twice a reduce-scatter's bytes, where
 the model hides a reduce-scatter. LLaMA-2 70B's recipe runs those all-reduces on the SparseCore,
 async. This probe reprices every dense TPU layer's gradient reduction that way (GPU and MoE
@@ -25,7 +25,7 @@ from dataclasses import replace
 import bench_time
 
 from loadax_mesh.cost import traffic
-from loadax_mesh.cost.traffic import Collective
+from loadax_mesh.cost.parts.traffic import Collective
 from loadax_mesh.workload.layout import Roles
 from loadax_mesh.workload.spec import ModelSpec, TrainSpec
 

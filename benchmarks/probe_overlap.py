@@ -8,7 +8,7 @@
    the matmul's pieces).
    `--parallel`: the same step with the layer a parallel block (ModelSpec.parallel_block:
    attention and the MLP off one norm, their outputs summed), against which the cost model's
-   counts of that layer were read (cost/traffic.py, `_parallel_block_runs`).
+   counts of that layer were read (cost/parts/traffic.py, `_parallel_block_runs`).
 2. A two-slice step (fsdp on tpu-v5litepod-8-2, data across the slices): the megascale
    transfers (a send per array) per loop body, their dtype and bytes.
 

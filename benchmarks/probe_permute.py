@@ -37,7 +37,7 @@ from bench_moe_time import load
 from moe_runs import MOE_RUNS
 
 from loadax_mesh import topology_devices
-from loadax_mesh.cost.moe import MoeShapes
+from loadax_mesh.cost.parts.moe import MoeShapes
 from loadax_mesh.hardware.strings import parse_hardware
 from loadax_mesh.workload.layout import Roles
 

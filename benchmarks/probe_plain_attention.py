@@ -1,5 +1,5 @@
 """attention="plain" against the compiler: the estimate beside the compiled roofline, and the
-score-sized bytes the time model counts (cost/plain_attention.py) beside those of the
+score-sized bytes the time model counts (cost/parts/plain_attention.py) beside those of the
 optimised HLO.
 
 One device of the hardware string (XLA's CUDA client for GPU, libtpu for TPU), a small
@@ -35,7 +35,7 @@ from loadax_mesh.compiler.hlo import ARRAY, HloText, shape_bytes
 from loadax_mesh.compiler.report import assigned_bytes, held_bytes
 from loadax_mesh.compiler.roofline import operation_costs, roofline
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.plain_attention import plain_attention
+from loadax_mesh.cost.parts.plain_attention import plain_attention
 from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.hardware.traits import platform_traits
 from loadax_mesh.workload import ModelSpec, TrainSpec

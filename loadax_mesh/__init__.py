@@ -41,8 +41,8 @@ _PUBLIC = {
     "CompileReport": "compiler.report",
     "estimate": "cost.estimate",
     "Estimate": "cost.estimate",
-    "choose_mesh": "cost.choose",
-    "Choice": "cost.choose",
+    "choose_mesh": "cost.choose.mesh",
+    "Choice": "cost.choose.mesh",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -50,7 +50,7 @@ __all__ = sorted(_PUBLIC)
 if TYPE_CHECKING:
     from .compiler.report import CompileReport, compile_step
     from .config import MeshConfig
-    from .cost.choose import Choice, choose_mesh
+    from .cost.choose.mesh import Choice, choose_mesh
     from .cost.estimate import Estimate, estimate
     from .errors import MeshConfigError
     from .groups import axis_groups, coordinate, flatten_axes, process_groups, submesh
@@ -69,8 +69,8 @@ if TYPE_CHECKING:
 
 
 def _auto_preset(**options: Any) -> Any:
-    """`MeshConfig.from_preset("auto", ...)`: the winner of `choose_mesh` (cost/choose.py)."""
-    from .cost.choose import auto_preset
+    """`MeshConfig.from_preset("auto", ...)`: the winner of `choose_mesh` (cost/choose/mesh.py)."""
+    from .cost.choose.mesh import auto_preset
 
     return auto_preset(**options)
 

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from loadax_mesh.cost.memory import memory_terms
+from loadax_mesh.cost.memory.terms import memory_terms
 from loadax_mesh.hardware.profile import DeviceFacts
 from loadax_mesh.plan import MeshPlan
 from loadax_mesh.workload import ModelSpec, TrainSpec

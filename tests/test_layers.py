@@ -142,6 +142,39 @@ def test_a_facade_imports_its_wing_only_when_called() -> None:
         assert b not in imports(a, found[a], set(found), top_level_only=True), (a, b, why)
 
 
+# The cost wing's own layers (docs/architecture.md), highest first: the chooser, then what
+# estimates one plan, then the step's cost as one interface, then the pipelined step's parts,
+# then memory and time, then the parts a step is made of, then the facts they are read with.
+COST_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("choose",),
+    ("referees",),
+    ("estimate", "conditions"),
+    ("step",),
+    ("pipeline",),
+    ("memory", "timing"),
+    ("parts",),
+    ("band", "calibration"),
+)
+
+
+def cost_layer(name: str) -> int:
+    """The index in COST_LAYERS of a cost module's sub-package or root module."""
+    part = name.split(".")[1]
+    for k, names in enumerate(COST_LAYERS):
+        if part in names:
+            return k
+    raise AssertionError(f"{name} is in no layer of COST_LAYERS: place it")
+
+
+def test_inside_the_cost_wing_no_arrow_points_up() -> None:
+    inside = {n: {m for m in out if m.startswith("cost.")} for n, out in graph().items()}
+    cost = {n: out for n, out in inside.items() if n.startswith("cost.")}
+    assert {"parts", "memory", "timing", "pipeline", "choose"} <= {n.split(".")[1] for n in cost}
+    up = [(a, b) for a, out in cost.items() for b in out if cost_layer(b) < cost_layer(a)]
+    assert not up, f"imports that point up the cost wing's layers (a -> b): {sorted(up)}"
+    assert sum(1 for p in (PACKAGE / "cost").glob("*.py")) <= 8, "cost/ holds its root modules"
+
+
 def test_no_module_imports_one_that_imports_it_back() -> None:
     assert find_cycle(graph()) is None  # facades and type-only imports included
 

@@ -76,7 +76,7 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
 def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     """`--strategy auto`: the winner's config, the ranking, and a note saying so."""
     from ..cost import choose_mesh
-    from ..cost.recipes import PIPELINE_FIELDS
+    from ..cost.choose.recipes import PIPELINE_FIELDS
     from ..view.estimate import auto_note
 
     if args.hardware is None:

@@ -33,7 +33,7 @@ def matmul_intensity(platform: Platform) -> float | None:
 def permute_bandwidth(platform: Platform) -> float | None:
     """The calibrated share of HBM bandwidth at which the dropless MoE path's gathers and
     scatter-adds by row index move their rows, None where the calibration set shows no such
-    limit (configs/calibration.toml; cost/moe_time.py)."""
+    limit (configs/calibration.toml; cost/timing/moe.py)."""
     return _optional("permute_bandwidth", platform)
 
 

@@ -1,6 +1,6 @@
 """Estimates that answer on a condition where a fact they need has no source.
 
-A host offload on TPU hides behind its own pass's compute (cost/time.py): the forward pass's
+A host offload on TPU hides behind its own pass's compute (cost/timing/step.py): the forward pass's
 copies out behind the forward, the backward's copies in behind the rest. Where the catalogue
 has no host link bandwidth (TPU7x: no source gives it), the step is priced as if the copies hid,
 and the estimate says at which bandwidth they do: each way's bytes over the shorter of the two
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..hardware.profile import DeviceFacts, HardwareProfile
-    from .time import StepTime
+    from .timing.step import StepTime
 
 
 def host_conditions(

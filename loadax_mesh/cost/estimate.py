@@ -1,7 +1,7 @@
 """`estimate(plan, model, train)`: memory, compute, collectives and step time per device.
 
-The step time is cost/time.py's, term by term: matmuls (by shape) and attention kernels at the
-calibrated share of the peak, memory-bound operations at HBM bandwidth, collectives inside a
+The step time is cost/timing/step.py's, term by term: matmuls (by shape) and attention kernels
+at the calibrated share of the peak, memory-bound operations at HBM bandwidth, collectives inside a
 granule hidden up to the compute where they overlap (FSDP gathers, gradient reductions, the
 tensor-parallel ones libtpu runs beside matmuls) and exposed where they feed the next operation
 (the other tensor-parallel gathers and reductions, sequence gathers), collectives across granules
@@ -22,12 +22,13 @@ from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from . import band as _band
-from .axis_time import AxisTraffic, axis_traffic
 from .calibration import calibration, dcn_slice_bandwidth, matmul_intensity, permute_bandwidth
 from .conditions import host_conditions
-from .flops import step_flops
-from .memory import host_bytes, memory_terms, phases
-from .pipeline import (
+from .memory.terms import host_bytes, memory_terms, phases
+from .parts.flops import step_flops
+from .parts.traffic import collectives
+from .pipeline.memory import pipeline_memory_terms
+from .pipeline.stages import (
     Pipeline,
     pipeline_axis,
     pipeline_collectives,
@@ -36,9 +37,8 @@ from .pipeline import (
     pipeline_time,
     summary,
 )
-from .pipeline_memory import pipeline_memory_terms
-from .time import StepTime, step_time
-from .traffic import collectives
+from .timing.axes import AxisTraffic, axis_traffic
+from .timing.step import StepTime, step_time
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
@@ -98,7 +98,7 @@ class Estimate:
     assumes: tuple[str, ...] = ()
     given: dict[str, str] = field(default_factory=dict)  # facts the user gave: name -> value
     overlap: str = OVERLAP
-    # pipeline stages: their bubble and schedule (cost/pipeline.py); None without
+    # pipeline stages: their bubble and schedule (cost/pipeline/stages.py); None without
     pipeline: Pipeline | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,7 +136,7 @@ def estimate(
         MeshConfigError: hardware the catalogue does not know, a fact it lacks that the
             estimate cannot answer on a condition, a bad `facts` entry, a model, batch or
             recipe that does not divide over the plan's axes, or pipeline stages beside what
-            cost/pipeline.py does not price yet (MoE layers, an expert axis, offloaded
+            cost/pipeline/stages.py does not price yet (MoE layers, an expert axis, offloaded
             tensors).
     """
     r, factors, efficiency, device = plan_parts(plan, facts)
@@ -185,7 +185,7 @@ def estimate_parts(
     uses those instead), `intensity`, `dcn_latency` and `slice_bandwidth` the others
     likewise, `permute_share` the calibrated `permute_bandwidth` (what
     benchmarks/bench_moe_time.py fits); `float("inf")`: no limit."""
-    st = pipeline_of(model, train, r)  # pipeline stages (cost/pipeline.py), else None
+    st = pipeline_of(model, train, r)  # pipeline stages (cost/pipeline/stages.py), else None
     if terms is None:
         held = holds_tables(facts, r, factors)
         terms = (

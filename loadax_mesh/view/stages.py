@@ -2,7 +2,7 @@
 mesh without one (under `plan --strategy auto`'s ranking); which granules, hosts and devices
 form each stage of a plan is picture.py's `stage_lines`.
 
-A pipeline's terms, as cost/pipeline.py prices them: the bubble (S - 1) / (M R + S - 1) of
+A pipeline's terms, as cost/pipeline/stages.py prices them: the bubble (S - 1) / (M R + S - 1) of
 its schedule, computed on zeros (the compute it adds), the stage-to-stage activations
 (collective-permutes on the critical path, over DCN where the stages span granules), the rest
 of the pipeline axis's traffic, and what it saves: the batch axes' weight gathers and gradient
@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..cost.axis_time import axis_total
+from ..cost.timing.axes import axis_total
 from .picture import shape_text
 from .report import size_text
 
 if TYPE_CHECKING:
     from ..cost import Choice, Estimate, Ranking
-    from ..cost.traffic import Collective
+    from ..cost.parts.traffic import Collective
 
 PERMUTES = "collective-permute"
 

@@ -33,7 +33,7 @@ ROLE_NAMES = {
     "seq": ("seq", "sequence", "sequence_parallel", "sp", "context"),
     "expert": ("expert",),
 }
-# The pipeline axis's names: a role of the step and of the cost model (cost/pipeline.py); the
+# The pipeline axis's names: a role of the step and of the cost model (cost/pipeline/stages.py); the
 # exports, which read ROLE_NAMES, do not take pipeline stages yet.
 PIPELINE_NAMES = ("pipeline",)
 
@@ -166,8 +166,8 @@ def check_modelled(
     """A MeshConfigError for a model whose layers `by` do not build yet (experts, latent
     attention): refused, not priced or compiled as a model it is not. `experts`: `by` builds
     MoE layers (the reference step does, moe.py: SwiGLU experts; the cost model prices them,
-    cost/moe.py); `latent`: `by` builds multi-head latent attention (the step, step.py's
-    `_latent_qkv`; the cost model, cost/mla.py)."""
+    cost/parts/moe.py); `latent`: `by` builds multi-head latent attention (the step, step.py's
+    `_latent_qkv`; the cost model, cost/parts/mla.py)."""
     accepted = ", ".join(f"{f}={v!r}" for f, v in MODELLED)
     built_too = {"num_experts": experts, "attention": latent}
     for field, built in MODELLED:

@@ -20,7 +20,7 @@ from loadax_mesh.compiler.flops import attention_flops, step_flops
 from loadax_mesh.compiler.hlo import HloText
 from loadax_mesh.compiler.report import compile_step
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.saved import runs_again
+from loadax_mesh.cost.parts.saved import runs_again
 from loadax_mesh.hardware.catalogue import catalogue
 from loadax_mesh.hardware.gpu_targets import device_memory
 from loadax_mesh.workload import ModelSpec, TrainSpec

@@ -1,6 +1,6 @@
 """The TPU compiler prices a row gather and jax's scatter-add transpose alike.
 
-cost/moe_time.py moves the dropless path's rows at one rate, `permute_bandwidth`, whether a
+cost/timing/moe.py moves the dropless path's rows at one rate, `permute_bandwidth`, whether a
 pass gathers them (the forward's sort and unsort; MaxText's custom sort VJP backward) or
 scatter-adds them (the transpose of `jnp.take`). These tests hold libtpu to what made one
 rate the model (benchmarks/probe_permute.py, RESULTS 2026-11-26): the scatter-add compiles as

@@ -1,5 +1,5 @@
 """attention="plain" compiled for one H100 (XLA's CUDA compile-only client): the estimate
-prices the step the compiler builds, not the fused kernel (cost/plain_attention.py)."""
+prices the step the compiler builds, not the fused kernel (cost/parts/plain_attention.py)."""
 
 from __future__ import annotations
 

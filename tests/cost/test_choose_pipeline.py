@@ -1,4 +1,4 @@
-"""choose_mesh's pipeline search (cost/choose_pipeline.py): pure, no compile."""
+"""choose_mesh's pipeline search (cost/choose/pipeline.py): pure, no compile."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from loadax_mesh.cost.choose import AXES as AXES_DEFAULT
-from loadax_mesh.cost.choose import choose_mesh
-from loadax_mesh.cost.recipes import check_recipes
+from loadax_mesh.cost.choose.mesh import AXES as AXES_DEFAULT
+from loadax_mesh.cost.choose.mesh import choose_mesh
+from loadax_mesh.cost.choose.recipes import check_recipes
 from loadax_mesh.errors import MeshConfigError
 from loadax_mesh.view.estimate import ranking_text
 from loadax_mesh.workload.spec import TrainSpec
@@ -77,7 +77,7 @@ def test_pipeline_beside_tensor_and_sequence_axes_searched():
 
 def test_pipeline_beside_moe_layers_and_expert_axis_searched():
     # MoE layers in the stages and an expert axis beside the pipeline are priced
-    # (cost/pipeline.py), so such meshes are searched and ranked, none pruned for them
+    # (cost/pipeline/stages.py), so such meshes are searched and ranked, none pruned for them
     train = TrainSpec(global_batch=64)
     axes = ("pipeline", "fsdp", "expert")
     ranking = choose_mesh("tpu-v5p-64", "mixtral-8x7b", train, axes=axes, top=200)

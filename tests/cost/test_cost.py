@@ -143,7 +143,7 @@ def test_attention_gathers_wait_on_tpu_alone():
 def test_only_tpu_splash_attention_holds_the_kernels_buffers():
     """The splash kernel's lane-wide log-sum-exp and accumulators are TPU-only; elsewhere the
     log-sum-exp is one float32 per head and token."""
-    from loadax_mesh.cost.memory import memory_terms
+    from loadax_mesh.cost.memory.terms import memory_terms
     from loadax_mesh.workload.layout import roles
 
     r = roles([("data", 1), ("fsdp", 8)], ["data", "fsdp"])
@@ -158,7 +158,7 @@ def test_only_tpu_holds_a_compute_dtype_set_of_data_parallel_gradients():
     set; XLA's GPU pipeline reduces each layer's inside the loop, so data parallelism adds no
     memory there (a GPU compile of LLaMA-2 7B, 4 layers: data 2 x fsdp 8 needs no more than
     fsdp 8)."""
-    from loadax_mesh.cost.memory import memory_terms
+    from loadax_mesh.cost.memory.terms import memory_terms
     from loadax_mesh.workload.layout import roles
 
     train = TrainSpec(global_batch=16)
@@ -247,7 +247,7 @@ def test_full_remat_on_tpu_holds_one_sublayer_at_a_time():
     sublayer's input gathered whole. GPU keeps the whole-layer count (factor 2)."""
     from dataclasses import replace
 
-    from loadax_mesh.cost.memory import memory_terms
+    from loadax_mesh.cost.memory.terms import memory_terms
     from loadax_mesh.workload.layout import roles
 
     r = roles([("data", 1), ("fsdp", 8)], ["data", "fsdp"])

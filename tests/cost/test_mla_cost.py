@@ -12,10 +12,10 @@ import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.flops import op_flops
-from loadax_mesh.cost.mla import attention_weights
-from loadax_mesh.cost.recipes import fitting_recipes
-from loadax_mesh.cost.traffic import collectives
+from loadax_mesh.cost.choose.recipes import fitting_recipes
+from loadax_mesh.cost.parts.flops import op_flops
+from loadax_mesh.cost.parts.mla import attention_weights
+from loadax_mesh.cost.parts.traffic import collectives
 from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import param_shapes, roles

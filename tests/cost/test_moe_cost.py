@@ -9,8 +9,8 @@ import pytest
 
 from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.layer_memory import working_bytes
-from loadax_mesh.cost.memory import Shapes
+from loadax_mesh.cost.memory.layer import working_bytes
+from loadax_mesh.cost.parts.shapes import Shapes
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import roles
 

@@ -1,4 +1,4 @@
-"""MoE step-time terms beyond the experts' matmuls (cost/moe_time.py): the dropping path's
+"""MoE step-time terms beyond the experts' matmuls (cost/timing/moe.py): the dropping path's
 one-hot dispatch and combine einsums counted by hand, the dropless path's row permutes at the
 named calibration, and the chooser's expert axis for models with experts."""
 
@@ -12,10 +12,10 @@ import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
 from loadax_mesh.cost.calibration import permute_bandwidth
-from loadax_mesh.cost.choose import AXES, MOE_AXES
+from loadax_mesh.cost.choose.mesh import AXES, MOE_AXES
 from loadax_mesh.cost.estimate import estimate, estimate_parts, plan_parts
-from loadax_mesh.cost.memory import memory_floor
-from loadax_mesh.cost.moe_time import dispatch_einsums, permute_seconds
+from loadax_mesh.cost.memory.terms import memory_floor
+from loadax_mesh.cost.timing.moe import dispatch_einsums, permute_seconds
 from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import roles

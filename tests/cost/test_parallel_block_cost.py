@@ -1,5 +1,5 @@
 """A parallel block priced as it runs: one norm, the output projection never recomputed or
-saved, and the tensor-parallel collectives its compiled step shows (cost/traffic.py)."""
+saved, and the tensor-parallel collectives its compiled step shows (cost/parts/traffic.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.flops import op_flops
+from loadax_mesh.cost.parts.flops import op_flops
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 SEQUENTIAL = ModelSpec(

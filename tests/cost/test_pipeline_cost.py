@@ -1,4 +1,4 @@
-"""The cost model's pipeline stages (cost/pipeline.py), counted by hand. No jax needed."""
+"""The cost model's pipeline stages (cost/pipeline/stages.py), counted by hand. No jax needed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.pipeline import bubble
+from loadax_mesh.cost.pipeline.stages import bubble
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 LONG = ModelSpec(

@@ -1,4 +1,4 @@
-"""attention="plain" in the cost model (cost/plain_attention.py): its matmuls over the whole
+"""attention="plain" in the cost model (cost/parts/plain_attention.py): its matmuls over the whole
 square and its score-sized memory-bound work, counted by hand. No jax needed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.plain_attention import plain_attention
+from loadax_mesh.cost.parts.plain_attention import plain_attention
 from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload import ModelSpec, TrainSpec
 

@@ -7,8 +7,8 @@ import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.flops import op_flops
-from loadax_mesh.cost.recipes import LOGITS_CHUNKS, MAXTEXT_OFFLOAD, REMATS
+from loadax_mesh.cost.choose.recipes import LOGITS_CHUNKS, MAXTEXT_OFFLOAD, REMATS
+from loadax_mesh.cost.parts.flops import op_flops
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 # Every dim a whole number of TPU tiles, as in test_cost.

@@ -1,4 +1,4 @@
-"""The step-time model term by term (cost/time.py), counted by hand. No jax needed."""
+"""The step-time model term by term (cost/timing/step.py), counted by hand. No jax needed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.cost.calibration import calibration
 from loadax_mesh.cost.estimate import estimate_parts, plan_parts
-from loadax_mesh.cost.flops import op_flops
+from loadax_mesh.cost.parts.flops import op_flops
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.spec import TENSORS
 

@@ -222,8 +222,8 @@ def test_the_expert_axis_must_split_the_batch_and_ask_for_valid_moe_fields():
 
 
 def test_the_cost_model_prices_swiglu_experts_and_refuses_the_rest():
-    """MoE layers and expert axes are priced (cost/moe.py), latent attention too (cost/mla.py);
-    two-matrix experts are built by neither the step nor the cost model."""
+    """MoE layers and expert axes are priced (cost/parts/moe.py), latent attention too
+    (cost/parts/mla.py); two-matrix experts are built by neither the step nor the cost model."""
     train = TrainSpec(global_batch=512)
     ep = MeshConfig.from_preset("fsdp_ep").plan(simulate_devices("tpu-v5p-1024"))
     assert estimate(ep, ModelSpec.from_name("mixtral-8x7b"), train).memory_bytes > 0

@@ -166,7 +166,7 @@ def test_the_backward_pass_keeps_a_stages_weights_once_not_every_iteration(
 def test_one_checkpoint_an_iteration_saves_what_a_checkpoint_a_layer_saves(capsys):
     """pipeline_remat "iteration" keeps each layer's input as the per-layer checkpoint does
     (MaxText's decoder_layer_input): what the two save for the backward pass is the same; they
-    differ only in what the backward pass recomputes at once (cost/pipeline_memory.py)."""
+    differ only in what the backward pass recomputes at once (cost/pipeline/memory.py)."""
     p = plan((2, 4))
 
     def saved(where):

@@ -11,7 +11,7 @@ import pytest
 from jax.extend import core as jcore
 from jax.sharding import Mesh
 
-from loadax_mesh.cost.flops import op_flops, step_flops
+from loadax_mesh.cost.parts.flops import op_flops, step_flops
 from loadax_mesh.workload import TrainSpec
 from loadax_mesh.workload.layout import roles
 from loadax_mesh.workload.step import make_step

@@ -9,7 +9,7 @@ import pytest
 
 from loadax_mesh import MeshConfig
 from loadax_mesh.compiler.hlo import HloText, collectives
-from loadax_mesh.cost.traffic import collectives as priced
+from loadax_mesh.cost.parts.traffic import collectives as priced
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.layout import regathered, roles
 from loadax_mesh.workload.step import make_step

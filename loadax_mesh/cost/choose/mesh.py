@@ -7,15 +7,15 @@ divides (heads, kv heads, d_ff, vocabulary and the residual stream's d_model by 
 d_model by FSDP; the sequence by the sequence axis; the global batch by the batch axes), times
 every way of spreading the granules (slices, NVLink domains) over them; by default, on several
 granules, the same again behind a pipeline axis wholly across granules (S stages of G / S
-granules each: cost/choose_pipeline.py's `dcn_pipelines`; the shapes and splits are
-cost/choose_space.py's, each mesh's candidates cost/choose_search.py's). Pruned, and counted:
+granules each: cost/choose/pipeline.py's `dcn_pipelines`; the shapes and splits are
+cost/choose/space.py's, each mesh's candidates cost/choose/search.py's). Pruned, and counted:
 tensor or sequence axes across granules (their collectives are exposed, DCN makes them strictly
 slower than the same shape with that factor on a batch axis), and pipelines the cost model
-does not price (cost/choose_pipeline.py: pipeline micro-batches and repeats are recipe fields).
+does not price (cost/choose/pipeline.py: pipeline micro-batches and repeats are recipe fields).
 Memory does not depend on device order, so candidates that do not fit are dropped before
 planning; the rest are estimated with perfect rings first, which bounds their real time from
 below, and only those whose bound can still reach the top are planned by the real planner and
-estimated on its rings. The recipes each mesh may run are cost/recipes.py's. Where the search
+estimated on its rings. The recipes each mesh may run are cost/choose/recipes.py's. Where the search
 found meshes with a pipeline and without, the fastest of each is kept on the ranking (planned
 if not ranked), so that its text can say what the pipeline costs and saves.
 """
@@ -26,18 +26,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..config import MeshConfig
-from ..errors import MeshConfigError
-from ..hardware.profile import DeviceFacts, hardware_profile
-from ..hardware.strings import simulate_devices
-from ..plan import MeshPlan, plan_config
-from ..shapes import HybridMeshShape
-from ..workload.layout import check_modelled
-from ..workload.spec import ModelSpec, TrainSpec
-from .choose_pipeline import dcn_pipelines
-from .choose_search import Search, fastest
-from .choose_space import AXES, BATCH, MOE_AXES, Candidate, Space, check_axes
-from .estimate import Estimate
+from ...config import MeshConfig
+from ...errors import MeshConfigError
+from ...hardware.profile import DeviceFacts, hardware_profile
+from ...hardware.strings import simulate_devices
+from ...plan import MeshPlan, plan_config
+from ...shapes import HybridMeshShape
+from ...workload.layout import check_modelled
+from ...workload.spec import ModelSpec, TrainSpec
+from ..estimate import Estimate
+from .pipeline import dcn_pipelines
 from .recipes import (
     MOE_PATHS,
     RECIPE_FIELDS,
@@ -45,6 +43,8 @@ from .recipes import (
     check_recipes,
     missing_host_facts,
 )
+from .search import Search, fastest
+from .space import AXES, BATCH, MOE_AXES, Candidate, Space, check_axes
 
 __all__ = ["AXES", "MOE_AXES", "Choice", "Ranking", "auto_preset", "choose_mesh"]
 
@@ -133,7 +133,7 @@ def choose_mesh(
             values; a field a mapping leaves out is searched (remat over REMATS, microbatches
             over the divisors of the per-replica batch, logits_chunks over LOGITS_CHUNKS,
             and for a model with experts moe over MOE_PATHS, dropless and capacity, priced as
-            the platform runs each; all in cost/recipes.py), so `[{}]` is the whole search
+            the platform runs each; all in cost/choose/recipes.py), so `[{}]` is the whole search
             and `[{"remat": "full", "microbatches": 1, "logits_chunks": 1, "moe":
             "dropless"}]` one recipe (`{"moe": "dropless"}` keeps every token copy). None
             (default): the whole search.

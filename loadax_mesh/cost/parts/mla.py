@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..workload.spec import ModelSpec
+from ...workload.spec import ModelSpec
 
 Found = dict[str, tuple[tuple[int, ...], int]]
 
@@ -49,7 +49,7 @@ def op_flops(model: ModelSpec) -> dict[str, float]:
 
 def projections(model: ModelSpec, m: int, matmul: Callable[[int, int], float]) -> dict[str, float]:
     """Seconds of MLA's projections per named tensor, forward, with `matmul(k, n)` a
-    [tokens, k] x [k, n] matmul's (cost/time.py): the bottlenecks' whole on each device, the
+    [tokens, k] x [k, n] matmul's (cost/timing/step.py): the bottlenecks' whole on each device, the
     heads' cut over the tensor axis of size `m` (the kv up-projection's two parts priced as
     two matmuls, the keys' and the values')."""
     d, heads, q, kv = model.d_model, model.num_heads // m, model.q_lora_rank, model.kv_lora_rank
@@ -63,11 +63,11 @@ def projections(model: ModelSpec, m: int, matmul: Callable[[int, int], float]) -
 
 
 def elementwise(model: ModelSpec, m: int) -> tuple[int, int]:
-    """Activation elements MLA's memory-bound operations read and write per token beyond what a
-    GQA layer's count gives them (cost/time.py `_layer_elementwise`, passed the rope widths as
+    """Activation elements MLA's memory-bound operations read and write per token beyond what a GQA
+    layer's count gives them (cost/timing/step.py `_layer_elementwise`, passed the rope widths as
     q's and k's), forward and backward: each bottleneck's norm (read and written; backward its
-    input, output gradient and input gradient), the key assembled from its nope part and the
-    shared rope key (read, written whole) and the value sliced out of the up-projection."""
+    input, output gradient and input gradient), the key assembled from its nope part and the shared
+    rope key (read, written whole) and the value sliced out of the up-projection."""
     heads = model.num_heads // m
     ranks = model.q_lora_rank + model.kv_lora_rank
     key = heads * (model.qk_nope_head_dim + model.head_dim) + model.qk_rope_head_dim

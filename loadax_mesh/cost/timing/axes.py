@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..hardware.profile import DeviceFacts
-from ..workload.layout import Roles
-from .traffic import Collective
+from ...hardware.profile import DeviceFacts
+from ...workload.layout import Roles
+from ..parts.traffic import Collective
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Step-time terms of MoE layers beyond their experts' matmuls (cost/time.py adds them).
+"""Step-time terms of MoE layers beyond their experts' matmuls (cost/timing/step.py adds them).
 
 The dropping path's dispatch and combine. `moe="capacity"` is what MaxText's dropping runs
 execute (the export writes `sparse_matmul=false` with the capacity factor): the tokens reach
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 
-from ..workload.layout import Roles
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from .moe import MoeShapes
+from ...workload.layout import Roles
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ..parts.moe import MoeShapes
 
 
 def dispatch_einsums(

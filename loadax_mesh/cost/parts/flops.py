@@ -3,20 +3,20 @@ own, and the recompute (what `estimate` reports and the compiler's count referee
 
 from __future__ import annotations
 
-from ..workload.layout import Roles
-from ..workload.spec import ModelSpec, TrainSpec
+from ...workload.layout import Roles
+from ...workload.spec import ModelSpec, TrainSpec
 from . import mla
-from .memory import Shapes
 from .moe import expert_rows, moe_op_flops
 from .plain_attention import again_flops, square_flops
 from .saved import runs_again
+from .shapes import Shapes
 
 
 def op_flops(model: ModelSpec) -> dict[str, float]:
     """FLOPs per token of the op producing each named tensor of a layer (2 per weight; causal
     attention: half of 4 * seq * heads * head_dim; the MLP's input: SwiGLU's gate and up, or a
     two-matrix MLP's up); norms, rotary and activations count 0. Latent attention's ops:
-    cost/mla.py."""
+    cost/parts/mla.py."""
     d, hd, f = model.d_model, model.head_dim, model.d_ff
     inputs = 2 if model.mlp == "swiglu" else 1
     h, kv = model.num_heads, model.num_kv_heads
@@ -35,7 +35,7 @@ def op_flops(model: ModelSpec) -> dict[str, float]:
 
 def executed_op_flops(model: ModelSpec, train: TrainSpec) -> dict[str, float]:
     """`op_flops` as the step executes them: plain attention (`TrainSpec.attention`) computes
-    the whole square, the masked half too (cost/plain_attention.py)."""
+    the whole square, the masked half too (cost/parts/plain_attention.py)."""
     ops = op_flops(model)
     if train.attention == "plain":
         ops["attention_out"] = square_flops(model)
@@ -46,7 +46,7 @@ def again_op_flops(
     model: ModelSpec, train: TrainSpec, ops: dict[str, float], *, moe: bool = False
 ) -> float:
     """FLOPs per token of the ops the backward pass runs again (`saved.runs_again`), from
-    `ops`; plain attention's as cost/plain_attention.py counts them (its weighted values only
+    `ops`; plain attention's as cost/parts/plain_attention.py counts them (its weighted values only
     where the attention's output is recomputed)."""
     names = runs_again(train, moe=moe, parallel=model.parallel_block)
     if train.attention != "plain":

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..workload.layout import Logical, Roles, param_shapes
-from ..workload.spec import ModelSpec, TrainSpec
+from ...workload.layout import Logical, Roles, param_shapes
+from ...workload.spec import ModelSpec, TrainSpec
 
 
 @dataclass(frozen=True)

@@ -61,12 +61,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..workload.layout import Roles, regathered, regathered_weights
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ...workload.layout import Roles, regathered, regathered_weights
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from . import mla
-from .layer_memory import layer_weights
-from .memory import Shapes, shard_bytes
-from .moe import dense_layer_weights, exchange_bytes, moe_layer_weights
+from .moe import exchange_bytes
+from .shapes import Shapes, shard_bytes
+from .weights import dense_layer_weights, moe_layer_weights
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def tensor_collectives(
     times (layer passes times micro-batches), and those outside the layers (the lookup, the
     final norm's output and its gradient), `head_runs` times; each moves a micro-batch's rows of
     `train` on these roles. A pipeline stage's layer passes and the step's head are priced
-    apart (cost/pipeline.py)."""
+    apart (cost/pipeline/stages.py)."""
     t, m = roles.model, roles.size("model")
     if t is None or m == 1:
         return []
@@ -232,7 +232,7 @@ def layer_collectives(
     its weights gathered forward and backward, its gradients reduce-scattered, all beside the
     compute; `in_line` (libtpu) the attention block's weights (q, k, v, output) gathered in
     line each pass, the MLP's beside matmuls (benchmarks/probe_fsdp_schedule.py)."""
-    layer = layer_weights(model, m) * cd
+    layer = dense_layer_weights(model, m) * cd
     gradients = Collective(a, "reduce-scatter", "layer weight gradients", layer, runs, True)
     if not in_line:
         return [Collective(a, "all-gather", "layer weights", layer, 2 * runs, True), gradients]
@@ -300,7 +300,7 @@ def moe_collectives(
     or all E without one), none where fsdp has size 1. `in_line` (libtpu): every layer's
     attention weights gathered in line, as a dense layer's (`layer_collectives`). `runs`: the
     passes of (dense, MoE) layers, micro-batches included (None: the model's layers, once per
-    micro-batch; a pipeline's stages run theirs every iteration, cost/pipeline.py)."""
+    micro-batch; a pipeline's stages run theirs every iteration, cost/pipeline/stages.py)."""
     cd, M = dtype_bytes(train.compute_dtype), train.microbatches
     moe_layers = model.num_moe_layers
     dense, moe = runs or ((model.num_layers - moe_layers) * M, moe_layers * M)

@@ -12,7 +12,7 @@ and the softmax's gradient (its row sum of gradient x probabilities, then the sc
 gradient). The backward pass reads the probabilities: under every checkpoint policy no named
 tensor keeps them, so the scores and weights are computed again (and the weighted values too
 where the attention's output is recomputed); with no checkpoint at all autodiff saves the
-float32 probabilities (cost/saved.py `residuals`) and the backward pass reads those.
+float32 probabilities (cost/parts/saved.py `residuals`) and the backward pass reads those.
 
 The matmuls are ordinary matmuls; the rest is memory-bound. Counted per score element, one
 pair of one head, in bytes (compute dtype `c`):
@@ -29,14 +29,14 @@ pair of one head, in bytes (compute dtype `c`):
 XLA's GPU compiler moves more than this (it writes float32 copies of the scores and of the
 weights' gradient and the scores' gradient in two layouts), which the chip's measured share of
 its HBM bandwidth for memory-bound operations covers, as for every other such count
-(cost/time.py); libtpu fuses more (benchmarks/RESULTS.md, 2026-11-29).
+(cost/timing/step.py); libtpu fuses more (benchmarks/RESULTS.md, 2026-11-29).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from .saved import recomputed
 
 

@@ -1,13 +1,13 @@
-"""The pipeline's part of `choose_mesh`'s search (cost/choose.py): which meshes with a
+"""The pipeline's part of `choose_mesh`'s search (cost/choose/mesh.py): which meshes with a
 pipeline axis larger than 1 the cost model prices, and the pipeline recipes each is searched
 with.
 
-A mesh whose pipeline axis holds S > 1 stages is searched as cost/pipeline.py prices it:
+A mesh whose pipeline axis holds S > 1 stages is searched as cost/pipeline/stages.py prices it:
 dense and MoE layers over pipeline, fsdp, data, tensor, sequence and expert axes. Its recipes
 are every searched recipe times the pipeline's micro-batches M in (S, 2S, 4S) and repeats R in
 (1, 2) (GPipe, and the circular schedule of two chunks a stage), each field a recipe pins kept
 as pinned; the counts that do not divide the batch or the layers are dropped by the recipe
-search (cost/recipes.py). Fewer micro-batches and repeats come first: among equal steps the
+search (cost/choose/recipes.py). Fewer micro-batches and repeats come first: among equal steps the
 search keeps the earlier recipe. On a mesh without a pipeline the pipeline fields are dropped
 (the step reads them only beside a pipeline axis larger than 1).
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..workload.layout import PIPELINE_NAMES, Roles
-from ..workload.spec import ModelSpec, TrainSpec
-from .choose_space import Space
+from ...workload.layout import PIPELINE_NAMES, Roles
+from ...workload.spec import ModelSpec, TrainSpec
 from .recipes import PIPELINE_FIELDS, divisors
+from .space import Space
 
 MICROBATCHES = (1, 2, 4)  # the pipeline's micro-batches searched, in stages
 REPEATS = (1, 2)  # the pipeline's repeats searched

@@ -9,7 +9,7 @@
   pair and head_dim against the forward's 4; GPU: cuDNN's fused backward, 10), at the same
   efficiency, or its operands' bytes where that is longer; the forward runs again in every
   checkpointed layer, its output kept or not (saved.runs_again). Plain attention
-  (`TrainSpec.attention`) as cost/plain_attention.py counts it: its matmuls over the whole
+  (`TrainSpec.attention`) as cost/parts/plain_attention.py counts it: its matmuls over the whole
   square, each priced as a projection is, and its softmax and the softmax's gradient over
   the score-sized tensors among the memory-bound operations.
 - Memory-bound operations at HBM bandwidth: a layer's norms, rotary, MLP activation (SwiGLU's
@@ -17,14 +17,14 @@
   forward again where a tensor is recomputed), the copies of what a layer keeps into the layer
   scan's stacks and back out, the loss over the vocabulary and the optimizer's update of every
   parameter shard.
-- Collectives (cost/traffic.py): those inside a granule that overlap hide behind the compute;
+- Collectives (cost/parts/traffic.py): those inside a granule that overlap hide behind the compute;
   those that feed the next operation, or that the compiler runs in line (on TPU a layer's
   attention weights gathered each pass), are exposed; every collective across granules (DCN, the
   scale-out network) is exposed. The measured runs say so: MaxText's LLaMA-2 7B on A3 hosts
   runs its data-parallel reduction inside the layer loop, where its time at the network's
   rate would hide behind the backward pass, yet the step grows by 17-31% from 1 to 2-16 hosts
   (docs/facts/production_runs.md).
-- MoE layers (cost/moe_time.py): the dropping path's one-hot dispatch and combine einsums
+- MoE layers (cost/timing/moe.py): the dropping path's one-hot dispatch and combine einsums
   beside the matmuls, priced by shape; the dropless path's token copies moved by row index
   among the memory-bound operations, at the named calibration `permute_bandwidth`.
 - Host offload: on TPU each direction's copies are DMAs beside the cores and hide behind their
@@ -47,16 +47,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..hardware.profile import DeviceFacts
-from ..hardware.traits import attention_kernel
-from ..workload.layout import Roles
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from . import mla
-from .memory import shard_bytes
-from .moe import MoeShapes, moe_intermediates
-from .moe_time import dispatch_einsums, permute_seconds
-from .plain_attention import Pass, plain_attention
-from .saved import runs_again
+from ...hardware.profile import DeviceFacts
+from ...hardware.traits import attention_kernel
+from ...workload.layout import Roles
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ..parts import mla
+from ..parts.moe import MoeShapes, moe_intermediates
+from ..parts.plain_attention import Pass, plain_attention
+from ..parts.saved import runs_again
+from ..parts.shapes import shard_bytes
+from .moe import dispatch_einsums, permute_seconds
 
 # FLOPs per causal query-key pair, forward and backward, by the platform's fused kernel (the
 # kernels' own matmuls; see compiler/roofline.py), as (per unit of the query/key head_dim, per
@@ -107,13 +107,13 @@ def step_time(
     (`calibration`): the share of the peak a matmul reaches when its operands keep up (unless
     `facts` has the chip's measured shares), and the FLOPs a
     matmul does per byte it reads from HBM as the compiler tiles it (None: no limit).
-    `hidden`, `exposed` and `across_granules` are the collectives' seconds (cost/traffic.py),
+    `hidden`, `exposed` and `across_granules` are the collectives' seconds (cost/parts/traffic.py),
     `offload_bytes` what goes to host memory and back each way in a step, `kept_bytes` what
     the layers keep on the device for one micro-batch's backward pass (the memory model's
     "activations"); `permute_share` the
-    named calibration `permute_bandwidth` (None: no limit; cost/moe_time.py); `layer_runs`
+    named calibration `permute_bandwidth` (None: no limit; cost/timing/moe.py); `layer_runs`
     the layers each micro-batch runs through (None: the model's; a pipeline stage's differ,
-    cost/pipeline.py), of them `moe_runs` MoE layers' (None: the model's).
+    cost/pipeline/stages.py), of them `moe_runs` MoE layers' (None: the model's).
 
     Every size below is one device's: a micro-batch's tokens, and the widths the tensor axis
     cuts (heads, kv heads, d_ff, the vocabulary and the residual stream's d_model)."""
@@ -282,7 +282,7 @@ def step_time(
         per_token += moe * (fwd_moe + bwd_moe + moe_again)
     if model.num_experts:
         shard = float(shard_bytes(model, roles, 1, None))  # experts over the expert axis too
-    update = shard * _update_bytes(train)
+    update = shard * update_bytes(train)
     # What the layers keep for the backward pass is copied into the layer scan's stacks and
     # back out each micro-batch: 4 accesses of its bytes (profiled on one H100: the stacks'
     # update and slice fusions, 7.8 ms more under minimal_flash than full remat over 4 layers
@@ -363,7 +363,7 @@ def _logits_accesses(chunked: bool) -> int:
     return 1 + 2 + 2 + 2 * chunked
 
 
-def _update_bytes(train: TrainSpec) -> int:
+def update_bytes(train: TrainSpec) -> int:
     """Bytes Adam's update moves per parameter: the parameter and its gradient read, both
     moments read and written, the parameter written; with micro-batches also the float32
     gradient accumulator read and written."""

@@ -1,9 +1,8 @@
-"""The candidates of `choose_mesh`'s search (cost/choose.py), mesh by mesh: a shape's roles
-checked, its ICI/DCN splits, the recipes that fit each (cost/recipes.py) and the ranking key of
-the fastest on perfect rings (a bound on its key on the planner's rings); what it prunes,
-counted; and where nothing fits, the error that says why (the batch, where a larger one lets a
-mesh fit).
-"""
+"""The candidates of `choose_mesh`'s search (cost/choose/mesh.py), mesh by mesh: a shape's roles
+checked, its ICI/DCN splits, the recipes that fit each (cost/choose/recipes.py) and the ranking key
+of the fastest on perfect rings (a bound on its key on the planner's rings); what it prunes,
+counted; and where nothing fits, the error that says why (the batch, where a larger one lets a mesh
+fit)."""
 
 from __future__ import annotations
 
@@ -11,14 +10,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import MeshConfigError
-from ..hardware.profile import DeviceFacts
-from ..workload.layout import Roles, check_fit, roles
-from ..workload.spec import ModelSpec, TrainSpec
-from .choose_pipeline import pipeline_recipes
-from .choose_space import ACROSS, Candidate, Space, across, tally
-from .estimate import Estimate, estimate_parts, holds_tables
+from ...errors import MeshConfigError
+from ...hardware.profile import DeviceFacts
+from ...workload.layout import Roles, check_fit, roles
+from ...workload.spec import ModelSpec, TrainSpec
+from ..estimate import Estimate, estimate_parts, holds_tables
+from .pipeline import pipeline_recipes
 from .recipes import Recipe, fitting_recipes
+from .space import ACROSS, Candidate, Space, across, tally
 
 
 @dataclass(frozen=True)

@@ -67,18 +67,15 @@ import math
 from dataclasses import dataclass, replace
 from functools import partial
 
-from ..errors import MeshConfigError
-from ..hardware.profile import DeviceFacts
-from ..hardware.traits import attention_kernel
-from ..workload.layout import Roles, param_shapes, regathered, regathered_weights, stages_of
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from ..workload.stages import STAGED, Stages, staged_shapes
-from .axis_time import AxisTraffic, axis_total
-from .layer_memory import layer_bytes, layer_weights
-from .moe import moe_layer_weights
-from .stored import Shapes, shard_bytes, stored
-from .time import StepTime, _update_bytes, step_time
-from .traffic import (
+from ...errors import MeshConfigError
+from ...hardware.profile import DeviceFacts
+from ...hardware.traits import attention_kernel
+from ...workload.layout import Roles, param_shapes, regathered, regathered_weights, stages_of
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ...workload.stages import STAGED, Stages, staged_shapes
+from ..memory.layer import layer_bytes
+from ..parts.shapes import Shapes, shard_bytes, stored
+from ..parts.traffic import (
     Collective,
     exchanges,
     layer_collectives,
@@ -88,6 +85,9 @@ from .traffic import (
     tensor_collectives,
     weight_arrays,
 )
+from ..parts.weights import dense_layer_weights, moe_layer_weights
+from ..timing.axes import AxisTraffic, axis_total
+from ..timing.step import StepTime, step_time, update_bytes
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ def pipeline_flops(
     stage's layers `stage_passes` times over its replica's rows (the bubble's zeros
     computed), a MoE layer's routed experts on the rows a pipeline micro-batch gives them
     (`grouped`: as step_flops); the model's own FLOPs those of a plain step over every axis."""
-    from .flops import layer_flops, step_flops
+    from ..parts.flops import layer_flops, step_flops
 
     rd, ts = data_roles(r), stage_train(train, st)
     model_flops = step_flops(model, train, rd)[1]
@@ -284,7 +284,9 @@ def pipeline_collectives(
         # The sequence axis replicates the weights: the scan's backward pass sums each
         # iteration's weight gradients (a layer's shard, in the compute dtype) over it before
         # adding them up, a layer pass at a time (the compiled steps of bench_cost).
-        weights = sum(moe_layer_weights(model, r)) if moe_stages(st) else layer_weights(model, m)
+        weights = (
+            sum(moe_layer_weights(model, r)) if moe_stages(st) else dense_layer_weights(model, m)
+        )
         shard = weights * cd // r.size("fsdp")
         found.append(Collective(r.seq, "all-reduce", "layer weight gradients in the stages",
                                 shard, passes, True))  # fmt: skip
@@ -377,7 +379,7 @@ def pipeline_time(
         else model.num_params / (r.size("fsdp") * r.size("model"))
     )
     params = shard_elements(model, st, r, 1, None) - whole
-    update = params * _update_bytes(train) / facts.need("hbm_bandwidth")
+    update = params * update_bytes(train) / facts.need("hbm_bandwidth")
     matmul = outer.matmul + stage.matmul - bare.matmul
     attention = outer.attention + stage.attention - bare.attention
     memory = outer.memory_bound + stage.memory_bound - bare.memory_bound + update

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..hardware.traits import PlatformTraits
-from ..workload.layout import regathered_weights
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ...hardware.traits import PlatformTraits
+from ...workload.layout import regathered_weights
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
 
 
 def counted_per_sublayer(train: TrainSpec, traits: PlatformTraits, tensor: int) -> bool:

@@ -1,19 +1,19 @@
-"""The memory of a pipelined step (cost/pipeline.py's module docstring says what it holds):
+"""The memory of a pipelined step (cost/pipeline/stages.py's module docstring says what it holds):
 memory.memory_terms's terms, a stage's."""
 
 from __future__ import annotations
 
 from functools import partial
 
-from ..hardware.profile import DeviceFacts
-from ..hardware.traits import attention_kernel
-from ..workload.layout import Roles
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from ..workload.stages import Stages
-from .layer_memory import layer_bytes, unrolled_bytes
-from .memory import memory_terms
-from .pipeline import data_roles, moe_stages, shard_elements, stage_train
-from .stored import Shapes, stored
+from ...hardware.profile import DeviceFacts
+from ...hardware.traits import attention_kernel
+from ...workload.layout import Roles
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ...workload.stages import Stages
+from ..memory.layer import layer_bytes, unrolled_bytes
+from ..memory.terms import memory_terms
+from ..parts.shapes import Shapes, stored
+from .stages import data_roles, moe_stages, shard_elements, stage_train
 
 
 def pipeline_memory_terms(

@@ -1,6 +1,6 @@
 """What one layer of the reference step holds on a device: the tensors it saves for the
 backward pass (as the recipe places them) and its backward pass's working set, recomputed
-intermediates and their gradients included (cost/memory.py adds them up into the step's
+intermediates and their gradients included (cost/memory/terms.py adds them up into the step's
 terms). On TPU every array is stored in whole memory tiles."""
 
 from __future__ import annotations
@@ -8,18 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from ..workload.layout import Roles, regathered, splash_blocks
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from . import mla
-from .moe import MOE_NAMES, moe_intermediates
-from .saved import PARTS, kept, recomputed, unrolled_residuals
-from .stored import Shapes, stored
-from .sublayer import recomputed_working
-
-
-def layer_weights(model: ModelSpec, m: int) -> int:
-    """One layer's weights on one device once gathered over FSDP (elements)."""
-    return mla.attention_weights(model, m) + model.mlp_params(model.d_ff) // m
+from ...workload.layout import Roles, regathered, splash_blocks
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ..parts import mla
+from ..parts.moe import MOE_NAMES, moe_intermediates
+from ..parts.saved import PARTS, kept, recomputed, unrolled_residuals
+from ..parts.shapes import Shapes, stored
+from ..parts.sublayer import recomputed_working
 
 
 @lru_cache(maxsize=1024)
@@ -43,7 +38,7 @@ def _found(
     """One layer's forward intermediates on one device: name -> (shape, bytes per element);
     `splash`: attention is TPU's splash kernel; `moe`: a MoE layer (its block's intermediates
     in place of the dense MLP's, its output `down` as a dense layer's); latent attention's
-    differ from GQA's as cost/mla.py says."""
+    differ from GQA's as cost/parts/mla.py says."""
     cd = dtype_bytes(train.compute_dtype)
     r, s, hd = sh.micro_rows, sh.seq, model.head_dim
     # The residual stream (the layer's input, its norms and its two outputs) has its hidden

@@ -1,10 +1,11 @@
 """What a layer keeps for its backward pass: the intermediates each named tensor of the recipe
-is, and, with no checkpoint at all, what jax's autodiff itself saves (cost/memory.py sums them).
+is, and, with no checkpoint at all, what jax's autodiff itself saves (cost/memory/terms.py sums
+them).
 """
 
 from __future__ import annotations
 
-from ..workload.spec import ModelSpec, TrainSpec
+from ...workload.spec import ModelSpec, TrainSpec
 from . import mla
 from .moe import moe_residuals
 

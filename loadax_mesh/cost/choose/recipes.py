@@ -14,13 +14,13 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-from ..errors import MeshConfigError
-from ..hardware.profile import DeviceFacts
-from ..workload.layout import Roles, check_fit, stages_of
-from ..workload.spec import ModelSpec, TrainSpec
-from .band import memory_band
-from .memory import host_bytes, memory_floor, memory_terms, phases
-from .pipeline_memory import pipeline_memory_terms
+from ...errors import MeshConfigError
+from ...hardware.profile import DeviceFacts
+from ...workload.layout import Roles, check_fit, stages_of
+from ...workload.spec import ModelSpec, TrainSpec
+from ..band import memory_band
+from ..memory.terms import host_bytes, memory_floor, memory_terms, phases
+from ..pipeline.memory import pipeline_memory_terms
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
@@ -31,7 +31,7 @@ RECIPE_FIELDS = (
     "remat", "microbatches", "logits_chunks", "moe", "pipeline_microbatches", "pipeline_repeats",
 )  # fmt: skip
 # The pipeline's fields, searched only on a mesh whose pipeline axis is larger than 1
-# (cost/choose_pipeline.py)
+# (cost/choose/pipeline.py)
 PIPELINE_FIELDS = ("pipeline_microbatches", "pipeline_repeats")
 # A MoE model's two paths (TrainSpec.moe): every token copy computed, or at most
 # capacity_factor x the even share per expert (the rest dropped)

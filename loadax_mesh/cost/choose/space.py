@@ -1,9 +1,9 @@
-"""The meshes `choose_mesh` searches (cost/choose.py): families of axes (`Space`), each one's
+"""The meshes `choose_mesh` searches (cost/choose/mesh.py): families of axes (`Space`), each one's
 shapes (ordered factorisations of the device count) and their ICI/DCN splits, and the checks
 of a search's arguments.
 
 A family may fix its leading axes' sizes and DCN factors: the default search's pipelines
-(cost/choose_pipeline.py's `dcn_pipelines`) put a pipeline axis of S stages wholly across
+(cost/choose/pipeline.py's `dcn_pipelines`) put a pipeline axis of S stages wholly across
 granules (ICI factor 1, DCN factor S) ahead of the search's own axes, whose shapes then cover
 the N / S devices of a stage over the G / S granules it spans.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
-from ..errors import MeshConfigError
-from ..workload.layout import PIPELINE_NAMES, ROLE_NAMES, Roles
+from ...errors import MeshConfigError
+from ...workload.layout import PIPELINE_NAMES, ROLE_NAMES, Roles
 from .recipes import Recipe, divisors
 
 AXES = ("data", "fsdp", "seq", "model")

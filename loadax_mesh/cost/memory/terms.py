@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from functools import lru_cache, partial
 
-from ..hardware.profile import DeviceFacts
-from ..hardware.traits import attention_kernel
-from ..workload.layout import Roles
-from ..workload.spec import ModelSpec, TrainSpec, dtype_bytes
-from .layer_memory import layer_bytes, layer_weights, working_bytes
-from .moe import dense_layer_weights, moe_layer_weights
-from .stored import Shapes, shard_bytes, stored
-from .sublayer import counted_per_sublayer
+from ...hardware.profile import DeviceFacts
+from ...hardware.traits import attention_kernel
+from ...workload.layout import Roles
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ..parts.shapes import Shapes, shard_bytes, stored
+from ..parts.sublayer import counted_per_sublayer
+from ..parts.weights import dense_layer_weights, moe_layer_weights
+from .layer import layer_bytes, working_bytes
 
 
 def memory_terms(
@@ -57,7 +57,7 @@ def memory_terms(
         experts_held = 1 + (not traits.sublayer_weights)  # GPU: their gradients beside them
         activations, layer = _moe_layers(model, train, sh, roles, tile, kernel, experts_held)
     else:
-        weights = layer_weights(model, roles.size("model")) * cd
+        weights = dense_layer_weights(model, roles.size("model")) * cd
         saved = layer_bytes(model, train, sh, roles, tile, kernel, saved=True)
         activations = model.num_layers * saved
         regather = traits.regathers_attention_weights
@@ -91,7 +91,7 @@ def _moe_layers(
     A dense layer's weights count three times (see memory_terms); a MoE layer's attention,
     router and shared experts twice: the compiler prefetches no next layer's past the block's
     shard_map, so its backward pass holds them and their gradient before it is reduced. Its
-    routed experts, as cost/moe.py gathers them, count `experts_held` times: on TPU once, each
+    routed experts, as cost/parts/moe.py gathers them, count `experts_held` times: on TPU once, each
     matrix's gradient leaving as the backward produces it (the compiled v5p-16 steps of
     benchmarks/bench_cost.py's MoE cases, and DeepSeek-V3 at full width on v5p-1024, where the
     22.5 GB of experts gathered counted twice overstate libtpu's assignment by half:
@@ -202,7 +202,7 @@ PHASES = {
         "accumulator",
         "reduced gradients",
         "layer",
-        "pipeline buffers",  # these five a pipelined step's only (cost/pipeline.py)
+        "pipeline buffers",  # these five a pipelined step's only (cost/pipeline/stages.py)
         "stage weights",
         "chunk residuals",
         "kept logits",
