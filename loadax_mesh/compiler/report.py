@@ -106,6 +106,9 @@ class CompileReport:
     # The hardware compiled for, where the catalogue names it.
     profile: HardwareProfile | None = field(default=None, repr=False, compare=False)
     given: dict[str, str] = field(default_factory=dict)  # facts the user gave the roofline
+    # The recipe compiled, resolved as the step ran it (pipeline fields left to defaults filled
+    # in, `stages.resolved`): its MoE path, pipeline micro-batches, repeats and layers.
+    train: TrainSpec | None = None
 
     def bytes_across(self) -> dict[str, int | None]:
         """Collective bytes per step: in all, inside hosts, across hosts and across granules
@@ -163,19 +166,64 @@ def compile_step(
     """
     import jax
 
+    from ..workload.stages import resolved
     from ..workload.step import make_step
 
     mesh = plan.to_jax_mesh()
     step = make_step(mesh, model, train, batch_axes=plan.batch_axis_names)
+    common = _common(plan, mesh, model, resolved(train, step.stages), facts)
+    traits = platform_traits(mesh.devices.flat[0].platform)
+    start = time.perf_counter()
+    lowered = step.fn.lower(*step.abstract_args())
+    with tempfile.TemporaryDirectory() as dump:
+        try:  # on TPU the compiler also writes its buffer assignment's report into `dump`
+            compiled = lowered.compile(compiler_options=traits.compile_options(dump))
+        except jax.errors.JaxRuntimeError as err:
+            return _refused(lowered, err, common, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        assigned = assigned_bytes(Path(dump)) if traits.compiler_judges_fit else None
+    memory = compiled.memory_analysis()
+    total = held_bytes(memory)
+    on_host = host_held_bytes(memory)
+    hlo = HloText(compiled.as_text())
+    hbm, host, profile = common["hbm_bytes"], common["host_memory_bytes"], common["profile"]
+    return CompileReport(
+        **common,
+        compile_seconds=seconds,
+        argument_bytes=memory.argument_size_in_bytes,
+        output_bytes=memory.output_size_in_bytes,
+        temp_bytes=memory.temp_size_in_bytes,
+        alias_bytes=memory.alias_size_in_bytes,
+        total_bytes=total,
+        # libtpu refuses a program that exceeds its HBM (above); one it compiled fits by its own
+        # count, which can be below `memory_analysis()`'s: its temp can exceed the preallocated
+        # block the compiler assigns (MaxText's LLaMA 3.1 70B step on v6e-64, as published:
+        # 35.04 GB against 33.55 usable, yet a 29.68 GB buffer assignment, and the run ran).
+        fits=_fits(None if traits.compiler_judges_fit else total, hbm, on_host, host),
+        flops=step_flops(compiled, hlo),
+        collectives=_items(plan, mesh, hlo),
+        host_bytes=on_host,
+        roofline_seconds=_roofline(hlo.text, profile, mesh.devices.size),
+        assigned_bytes=assigned,
+    )
+
+
+def _common(
+    plan: MeshPlan,
+    mesh: Any,
+    model: ModelSpec,
+    train: TrainSpec,
+    facts: Mapping[str, str | float] | None,
+) -> dict[str, Any]:
+    """The report's fields that do not depend on how the compile went: what was compiled, for
+    which hardware, and the memory a device may use (catalogue)."""
     platform = mesh.devices.flat[0].platform
     profile = catalogue_profile(plan.hardware, facts)
     hbm = device_hbm(profile.spec.type) if profile is not None else None
     if hbm is not None and profile is not None:  # compile-only v4 TensorCores: half a chip's
         hbm *= min(1.0, profile.spec.num_devices / mesh.devices.size)
     host = host_memory_per_device(profile.spec.type) if profile is not None else None
-    traits = platform_traits(platform)  # what the devices are, named in the catalogue or not
-    judges_fit = traits.compiler_judges_fit
-    common = dict(
+    return dict(
         hardware=plan.hardware,
         mesh=dict(mesh.shape),
         model=model.name,
@@ -188,43 +236,45 @@ def compile_step(
         logits_chunks=train.logits_chunks,
         profile=profile,
         given={} if profile is None or profile.device is None else _given(profile),
+        train=train,
     )
-    start = time.perf_counter()
-    lowered = step.fn.lower(*step.abstract_args())
-    with tempfile.TemporaryDirectory() as dump:
-        try:  # on TPU the compiler also writes its buffer assignment's report into `dump`
-            compiled = lowered.compile(compiler_options=traits.compile_options(dump))
-        except jax.errors.JaxRuntimeError as err:
-            squeezed, have = _refusal(err)
-            as_written = squeezed
-            try:  # the same refusal with the compiler's extra remat off (fails early: seconds)
-                lowered.compile(compiler_options=_AS_WRITTEN)
-            except jax.errors.JaxRuntimeError as again:
-                as_written = _refusal(again)[0]
-            return CompileReport(
-                **{**common, "hbm_bytes": have},  # type: ignore[arg-type]
-                compile_seconds=time.perf_counter() - start,
-                argument_bytes=None,
-                output_bytes=None,
-                temp_bytes=None,
-                alias_bytes=None,
-                total_bytes=as_written,
-                fits=False,
-                flops=None,
-                collectives=(),
-                message=str(err).strip().splitlines()[0],
-                squeezed_bytes=squeezed,
-            )
-        seconds = time.perf_counter() - start
-        assigned = assigned_bytes(Path(dump)) if judges_fit else None
-    memory = compiled.memory_analysis()
-    total = held_bytes(memory)
-    on_host = host_held_bytes(memory)
-    hlo = HloText(compiled.as_text())
+
+
+def _refused(lowered: Any, err: Exception, common: dict[str, Any], seconds: float) -> CompileReport:
+    """The report of a TPU compile refused for lack of HBM: what the compiler's extra remat got
+    the step down to, and (compiled again with that remat off, which fails in seconds) what the
+    step as written needs."""
+    import jax
+
+    squeezed, have = _refusal(err)
+    as_written = squeezed
+    try:
+        lowered.compile(compiler_options=_AS_WRITTEN)
+    except jax.errors.JaxRuntimeError as again:
+        as_written = _refusal(again)[0]
+    return CompileReport(
+        **{**common, "hbm_bytes": have},
+        compile_seconds=seconds,
+        argument_bytes=None,
+        output_bytes=None,
+        temp_bytes=None,
+        alias_bytes=None,
+        total_bytes=as_written,
+        fits=False,
+        flops=None,
+        collectives=(),
+        message=str(err).strip().splitlines()[0],
+        squeezed_bytes=squeezed,
+    )
+
+
+def _items(plan: MeshPlan, mesh: Any, hlo: HloText) -> tuple[CollectiveItem, ...]:
+    """Every collective of the optimised HLO, with the mesh axes its groups span and the bytes
+    it sends across hosts and across granules."""
     shape = dict(mesh.shape)
     order = plan.layout.index.reshape(-1)  # mesh order, as indices into the device table
     hosts, granules = plan.table.process_index[order], plan.layout.granule[order]
-    items = tuple(
+    return tuple(
         CollectiveItem(
             c.kind,
             c.bytes,
@@ -235,25 +285,6 @@ def compile_step(
             across_bytes(c.kind, c.bytes, c.groups, granules),
         )
         for c in collectives(hlo, mesh.devices.size, plan.table.ids[order])
-    )
-    return CompileReport(
-        **common,  # type: ignore[arg-type]
-        compile_seconds=seconds,
-        argument_bytes=memory.argument_size_in_bytes,
-        output_bytes=memory.output_size_in_bytes,
-        temp_bytes=memory.temp_size_in_bytes,
-        alias_bytes=memory.alias_size_in_bytes,
-        total_bytes=total,
-        # libtpu refuses a program that exceeds its HBM (above); one it compiled fits by its own
-        # count, which can be below `memory_analysis()`'s: its temp can exceed the preallocated
-        # block the compiler assigns (MaxText's LLaMA 3.1 70B step on v6e-64, as published:
-        # 35.04 GB against 33.55 usable, yet a 29.68 GB buffer assignment, and the run ran).
-        fits=_fits(None if judges_fit else total, hbm, on_host, host),
-        flops=step_flops(compiled, hlo),
-        collectives=items,
-        host_bytes=on_host,
-        roofline_seconds=_roofline(hlo.text, profile, mesh.devices.size),
-        assigned_bytes=assigned,
     )
 
 

@@ -4,6 +4,7 @@ benchmarks/bench_time.py (or bench_moe_time.py) on the calibration set alone, pe
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -53,3 +54,35 @@ def dcn_slice_bandwidth(platform: Platform) -> float | None:
 def _calibrations() -> dict[str, dict[str, dict[str, Any]]]:
     with open(config_path("calibration.toml"), "rb") as f:
         return tomllib.load(f)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibrated:
+    """The named calibrations one estimate is priced with (each a platform's, unless given):
+    the share of peak a matmul reaches, the FLOPs per HBM byte of a tiled matmul, the dropless
+    path's permute bandwidth share (None: no limit), a DCN ring step's latency and what a
+    granule sends across granules in all (bytes/s; `inf`: no limit)."""
+
+    compute_efficiency: float
+    intensity: float | None
+    permute_share: float | None
+    dcn_latency: float
+    slice_bandwidth: float
+
+    @classmethod
+    def of(cls, platform: Platform, **given: Any) -> Calibrated:
+        """`platform`'s calibrations, those in `given` that are not None in their place."""
+        own = {
+            "compute_efficiency": lambda: calibration("compute_efficiency", platform),
+            "intensity": lambda: matmul_intensity(platform),
+            "permute_share": lambda: permute_bandwidth(platform),
+            "dcn_latency": lambda: calibration("dcn_latency", platform),
+            "slice_bandwidth": lambda: dcn_slice_bandwidth(platform) or float("inf"),
+        }
+        unknown = sorted(set(given) - set(own))
+        if unknown:
+            raise TypeError(f"Calibrated.of: no calibration named {unknown[0]!r}")
+        values: dict[str, Any] = {
+            k: f() if given.get(k) is None else given[k] for k, f in own.items()
+        }
+        return cls(**values)

@@ -14,7 +14,6 @@ import math
 from collections.abc import Mapping
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field, fields, replace
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
@@ -22,23 +21,13 @@ from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
 from . import band as _band
-from .calibration import calibration, dcn_slice_bandwidth, matmul_intensity, permute_bandwidth
+from .calibration import Calibrated
 from .conditions import host_conditions
-from .memory.terms import host_bytes, memory_terms, phases
-from .parts.flops import step_flops
-from .parts.traffic import collectives
-from .pipeline.memory import pipeline_memory_terms
-from .pipeline.stages import (
-    Pipeline,
-    pipeline_axis,
-    pipeline_collectives,
-    pipeline_flops,
-    pipeline_of,
-    pipeline_time,
-    summary,
-)
-from .timing.axes import AxisTraffic, axis_traffic
-from .timing.step import StepTime, step_time
+from .memory.terms import host_bytes, phases
+from .pipeline.stages import Pipeline
+from .step import StepCost, step_cost
+from .timing.axes import AxisTraffic
+from .timing.step import StepTime
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
@@ -100,6 +89,9 @@ class Estimate:
     overlap: str = OVERLAP
     # pipeline stages: their bubble and schedule (cost/pipeline/stages.py); None without
     pipeline: Pipeline | None = None
+    # the recipe priced, as the step runs it (`stages.resolved`: a pipelined step's micro-batch
+    # count, pipelined layers and stage remat filled in)
+    train: TrainSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data: every field but the profile, whose platform it names instead."""
@@ -107,6 +99,8 @@ class Estimate:
         data["time"] = asdict(self.time)
         data["axes"] = {k: v.to_dict() for k, v in self.axes.items()}
         data["pipeline"] = None if self.pipeline is None else asdict(self.pipeline)
+        data["train"] = None if self.train is None else asdict(self.train)
+        data["train"] = None if self.train is None else asdict(self.train)
         data["profile"] = self.profile.platform
         return deepcopy({"platform" if k == "profile" else k: v for k, v in data.items()})
 
@@ -179,77 +173,61 @@ def estimate_parts(
     permute_share: float | None = None,
 ) -> Estimate:
     """The estimate from its parts (what `choose_mesh` varies without building a plan);
-    `terms` are the memory terms when already computed (they do not depend on the plan);
-    `compute_efficiency` replaces the calibrated one (configs/calibration.toml; what
-    benchmarks/bench_time.py fits; a chip with measured shares of its peak in the catalogue
-    uses those instead), `intensity`, `dcn_latency` and `slice_bandwidth` the others
-    likewise, `permute_share` the calibrated `permute_bandwidth` (what
-    benchmarks/bench_moe_time.py fits); `float("inf")`: no limit."""
-    st = pipeline_of(model, train, r)  # pipeline stages (cost/pipeline/stages.py), else None
+    `terms` are the memory terms when already computed (they do not depend on the plan). The
+    keyword calibrations replace the platform's named ones (configs/calibration.toml,
+    `Calibrated`; a chip with measured shares of its peak in the catalogue uses those in place
+    of `compute_efficiency`); `float("inf")`: no limit."""
+    step = step_cost(model, train, r)
     if terms is None:
         held = holds_tables(facts, r, factors)
-        terms = (
-            memory_terms(model, train, r, facts, replicas_across_granules=held)
-            if st is None
-            else pipeline_memory_terms(model, train, r, st, facts, replicas_across_granules=held)
-        )
-    totals, live = phases(terms)
-    at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
-    flops, model_flops, recompute = (
-        step_flops(model, train, r, grouped=facts.traits.grouped_matmul)
-        if st is None
-        else pipeline_flops(model, train, r, st, grouped=facts.traits.grouped_matmul)
+        terms = step.memory_terms(facts, replicas_across_granules=held)
+    calibrated = Calibrated.of(
+        facts.platform, compute_efficiency=compute_efficiency, intensity=intensity,
+        permute_share=permute_share, dcn_latency=dcn_latency, slice_bandwidth=slice_bandwidth,
+    )  # fmt: skip
+    priced = across_granules(facts, factors, calibrated.dcn_latency, calibrated.slice_bandwidth)
+    traits = facts.traits
+    found = step.collectives(
+        overlapped=traits.overlaps_tensor_collectives, regather=traits.regathers_attention_weights
     )
-    if dcn_latency is None:
-        dcn_latency = calibration("dcn_latency", facts.platform)
-    if slice_bandwidth is None:
-        slice_bandwidth = dcn_slice_bandwidth(facts.platform) or float("inf")
-    priced = across_granules(facts, factors, dcn_latency, slice_bandwidth)
-    overlapped = facts.traits.overlaps_tensor_collectives
-    regather = facts.traits.regathers_attention_weights
-    found = (collectives if st is None else partial(pipeline_collectives, st=st))(
-        model, train, r, overlapped=overlapped, regather=regather
-    )
-    axes = axis_traffic(found, r, factors, efficiency, priced)
-    if st is not None:
-        (ici, dcn), link = factors[st.axis], efficiency.get(st.axis, 1.0)
-        axes[st.axis] = pipeline_axis(found, st.axis, ici, dcn, link, priced)
+    axes = step.axes(found, factors, efficiency, priced)
     host = host_bytes(model, train, r, facts)
     moved = host * train.microbatches  # every micro-batch writes and reads its own
-    if moved and facts.host_link_bandwidth is None and not facts.traits.offload_overlaps_compute:
+    if moved and facts.host_link_bandwidth is None and not traits.offload_overlaps_compute:
         facts.need("host_link_bandwidth")  # copies that wait: no bandwidth makes them free
-    if compute_efficiency is None:
-        compute_efficiency = calibration("compute_efficiency", facts.platform)
-    if intensity is None:
-        intensity = matmul_intensity(facts.platform)
-    if permute_share is None:
-        permute_share = permute_bandwidth(facts.platform)
+    t = step.time(
+        facts, waits(axes), calibrated, offload_bytes=moved, kept_bytes=terms["activations"]
+    )
+    return _answer(step, facts, factors, terms, axes, t, host)
+
+
+def waits(axes: dict[str, AxisTraffic]) -> tuple[float, float, float]:
+    """The collectives' seconds as the step time adds them: hidden inside granules (up to the
+    compute), exposed inside granules, and across granules (exposed)."""
     hidden = sum(a.seconds - a.exposed_seconds for a in axes.values())
     exposed = sum(a.exposed_seconds - a.dcn_seconds for a in axes.values())
     across = sum(a.dcn_seconds for a in axes.values())
-    calibrated = (compute_efficiency, intensity, permute_share)
-    t = (
-        step_time(
-            model,
-            train,
-            r,
-            facts,
-            efficiency=compute_efficiency,
-            intensity=intensity,
-            hidden=hidden,
-            exposed=exposed,
-            across_granules=across,
-            offload_bytes=moved,
-            kept_bytes=terms["activations"],
-            permute_share=permute_share,
-        )
-        if st is None
-        else pipeline_time(model, train, r, st, facts, (hidden, exposed, across), *calibrated)
-    )
-    step = t.seconds
-    devices = 1
-    for _, size in r.sizes:
-        devices *= size
+    return hidden, exposed, across
+
+
+def _answer(
+    step: StepCost,
+    facts: DeviceFacts,
+    factors: dict[str, tuple[int, int]],
+    terms: dict[str, int],
+    axes: dict[str, AxisTraffic],
+    t: StepTime,
+    host: int,
+) -> Estimate:
+    """The Estimate of a priced step: its memory at the peak with the fit verdict (the model's
+    measured error, cost/band.py), its time with MFU and bottleneck, and the conditions the
+    answer rests on."""
+    model, train, r = step.model, step.train, step.roles
+    totals, live = phases(terms)
+    at_peak = {k: (v if k in live else 0) for k, v in terms.items()}
+    flops, model_flops, recompute = step.flops(grouped=facts.traits.grouped_matmul)
+    moved = host * train.microbatches
+    devices = math.prod(size for _, size in r.sizes)
     peak = sum(at_peak.values())
     profile = hardware_profile(facts.hardware)
     assumes, link = host_conditions(facts, profile, host, moved, t)
@@ -257,6 +235,7 @@ def estimate_parts(
     verdict = _band.fit_verdict(peak, facts.hbm_bytes, _band.memory_band(facts.platform))
     if host and host_memory is not None and host > host_memory:
         verdict = _band.DOES_NOT_FIT
+    unsure = verdict == _band.UNSURE
     return Estimate(
         hardware=facts.hardware,
         mesh=dict(r.sizes),
@@ -275,11 +254,7 @@ def estimate_parts(
         host_memory_bytes=None if host_memory is None else int(host_memory),
         fits=peak <= facts.hbm_bytes and (not host or host <= (host_memory or host)),
         verdict=verdict,
-        confirm=(
-            _band.compile_command(facts, r, factors, model, train)
-            if verdict == _band.UNSURE
-            else None
-        ),
+        confirm=_band.compile_command(facts, r, factors, model, train) if unsure else None,
         flops=flops,
         recompute_flops=recompute,
         model_flops=model_flops,
@@ -289,14 +264,15 @@ def estimate_parts(
         offload_bytes=moved,
         offload_seconds=moved / link if moved else 0.0,
         offload_exposed_seconds=t.offload,
-        step_seconds=step,
-        tokens_per_second=train.global_batch * model.seq_len / devices / step,
-        mfu=model_flops / (step * facts.peak_flops),
+        step_seconds=t.seconds,
+        tokens_per_second=train.global_batch * model.seq_len / devices / t.seconds,
+        mfu=model_flops / (t.seconds * facts.peak_flops),
         bottleneck=_bottleneck(t, axes),
         profile=profile,
         assumes=assumes,
         given={g.name: g.text for g in facts.given},
-        pipeline=None if st is None else summary(st),
+        pipeline=step.pipeline,
+        train=train,
     )
 
 

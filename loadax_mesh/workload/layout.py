@@ -288,14 +288,14 @@ def moe_param_shapes(
     return {f"moe_layers/{k}": ((M, *shape), (None, *ax)) for k, (shape, ax) in layer.items()}
 
 
-def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
+def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     """The model is one the step builds and the cost model prices (`check_modelled`: MoE
     layers with SwiGLU experts included), every sharded dim divides by its axis, the global
     batch by the batch degree, and the recipe's slices by what they slice: micro-batches each
     device's rows, logits chunks each device's slice of the sequence; with a pipeline axis
-    larger than 1, the pipeline fields (`stages_of`)."""
+    larger than 1, the pipeline fields. Returns the step's stages (`stages_of`), or None."""
     check_modelled(model, by="the reference step and the cost model", experts=True, latent=True)
-    stages_of(model, train, r)
+    st = stages_of(model, train, r)
     batch = r.size("batch")
     if train.global_batch % batch:
         raise MeshConfigError(
@@ -355,6 +355,7 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
             f"expert axis {r.expert!r} of size {r.size('expert')}; accepted: an expert axis "
             "whose size divides num_experts (or none: the experts then sit on fsdp by d_model)"
         )
+    return st
 
 
 def regathered(model: ModelSpec, train: TrainSpec, roles: Roles) -> tuple[str, ...]:

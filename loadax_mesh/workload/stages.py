@@ -16,7 +16,7 @@ axis, so each stage holds only its own chunks (MaxText's layout of pipelined wei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import MeshConfigError
 from .spec import ModelSpec, TrainSpec
@@ -146,6 +146,20 @@ def pipeline_stages(
         lead_moe=lead.count("moe_layers"),
         # remat "none" checkpoints nothing, so there is no iteration to checkpoint either
         remat=train.pipeline_remat if train.remat != "none" else "layer",
+    )
+
+
+def resolved(train: TrainSpec, st: Stages | None) -> TrainSpec:
+    """`train` as the step runs it on these stages: the pipeline fields it left to defaults
+    filled in (micro-batches, pipelined layers, where the stages checkpoint), so that a report
+    says what it priced or compiled. Unchanged without stages."""
+    if st is None:
+        return train
+    return replace(
+        train,
+        pipeline_microbatches=st.microbatches,
+        pipeline_layers=st.layers,
+        pipeline_remat=st.remat,
     )
 
 

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from ..hardware.traits import platform_traits
 from .attention import attention
 from .kernels import traced_for
-from .layout import Roles, check_fit, param_shapes, regathered, roles, stages_of
+from .layout import Roles, check_fit, param_shapes, regathered, roles
 from .loss import cross_entropy_loss
 from .moe import moe_mlp
 from .pipeline import decoder, to_stages
@@ -354,11 +354,10 @@ def make_step(
     `PlatformTraits.regathers_attention_weights`)."""
     names = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
     r = roles(tuple(mesh.shape.items()), names)
-    check_fit(model, train, r)
+    st = check_fit(model, train, r)
     if regather is None:
         regather = platform_traits(mesh.devices.flat[0].platform).regathers_attention_weights
     again = regathered(model, train, r) if regather else ()
-    st = stages_of(model, train, r)
     if st is not None:  # outside the pipelined layers the pipeline axis acts as data
         r = replace(r, batch=tuple(a for a, _ in r.sizes if a in r.batch or a == r.pipeline))
     return Step(mesh, model, train, r, again, stages=st)

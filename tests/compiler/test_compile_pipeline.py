@@ -26,6 +26,10 @@ def test_a_pipelined_step_compiles_with_collective_permutes_on_the_pipeline_axis
     model = replace(ModelSpec.from_name("llama3-8b"), num_layers=4)
     report = compile_step(plan, model, TrainSpec(global_batch=16))
     assert report.mesh == {"pipeline": 2, "fsdp": 4} and report.fits
+    # the recipe compiled, resolved: as many micro-batches as stages, every layer pipelined
+    assert report.train is not None
+    assert (report.train.pipeline_microbatches, report.train.pipeline_layers) == (2, 4)
+    assert report.to_dict()["train"]["pipeline_microbatches"] == 2
     # 2 micro-batches (as many as stages) of 8 rows, 2 a chip: [2, 8192, 4096] in bfloat16,
     # sent M + S - 1 = 3 times forward and 3 times backward (the transposed permute)
     activations = 2 * model.seq_len * model.d_model * 2

@@ -280,3 +280,16 @@ def test_full_remat_on_tpu_holds_one_sublayer_at_a_time():
     stream, gathered = 2 * T * (D // 2) * cd, T * D * cd
     mlp = 3 * D * F2 * cd + wo // 2 + 4 * T * (F2 // 2) * cd + residuals + stream + gathered
     assert memory_terms(wide, train, tensor, TPU)["layer"] == mlp
+
+
+def test_a_memory_term_declared_in_no_phase_is_refused() -> None:
+    """Every term is declared once with the phases it is live in (memory/terms.py TERMS); one
+    that is not is an error, never silently left out of the peak."""
+    from loadax_mesh.cost.memory.terms import TERMS, phases
+
+    totals, live = phases({"params": 3, "logits": 5, "layer": 7})
+    assert totals == {"backward head": 8, "layer loop": 10, "tail": 3}
+    assert live == {"params", "layer"}
+    assert all(set(where) <= set(totals) for where in TERMS.values())
+    with pytest.raises(LookupError, match="'made up'"):
+        phases({"params": 1, "made up": 2})

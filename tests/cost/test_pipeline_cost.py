@@ -40,6 +40,21 @@ def test_the_bubble_is_the_idle_share_of_the_schedule() -> None:
     assert e.to_dict()["pipeline"]["bubble"] == pytest.approx(3 / 19)
 
 
+def test_the_estimate_carries_the_recipe_it_priced() -> None:
+    """Estimate.train is the recipe resolved: the defaults the stages decide filled in (0
+    micro-batches means as many as stages), the rest as given; a plain step's as given."""
+    train = TrainSpec(global_batch=64, remat="none", pipeline_remat="iteration")
+    e = estimate(plan("tpu-v5p-64", pipeline=4, fsdp=8), LONG, train)
+    assert e.train is not None and e.pipeline is not None
+    assert (e.train.pipeline_microbatches, e.train.pipeline_layers) == (4, LONG.num_layers)
+    assert e.train.pipeline_remat == "layer"  # remat none checkpoints no iteration either
+    assert replace(e.train, pipeline_microbatches=0, pipeline_layers=0,
+                   pipeline_remat="iteration") == train  # fmt: skip
+    assert e.to_dict()["train"]["pipeline_microbatches"] == 4
+    plain = estimate(plan("tpu-v5p-64", fsdp=32), LONG, replace(train, global_batch=32))
+    assert plain.train == replace(train, global_batch=32)
+
+
 @pytest.mark.parametrize("micro, repeats", [(4, 1), (8, 1), (4, 2)])
 def test_the_bubble_computes_zeros_at_full_price(micro: int, repeats: int) -> None:
     """The pipelined layers' FLOPs are the plain step's (the pipeline axis as data) times

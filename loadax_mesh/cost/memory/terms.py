@@ -191,35 +191,48 @@ def memory_floor(
     held = device.traits.holds_reduced_gradients
     terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, replicas_across_granules))
     terms["batch"] = _batch_bytes(Shapes.of(model, train, roles), device.tile)
-    return sum(terms[k] for k in (*ALWAYS, *PHASES["tail"]) if k in terms)
+    return sum(v for k, v in terms.items() if "tail" in TERMS[k])
 
 
-PHASES = {
-    "backward head": ("activations", "gradients", "accumulator", "logits", "embeddings"),
-    "layer loop": (
-        "activations",
-        "gradients",
-        "accumulator",
-        "reduced gradients",
-        "layer",
-        "pipeline buffers",  # these five a pipelined step's only (cost/pipeline/stages.py)
-        "stage weights",
-        "chunk residuals",
-        "kept logits",
-        "iteration residuals",
-    ),
-    "tail": ("gradients", "accumulator", "reduced gradients", "embeddings", "held tables"),
+# Every memory term, declared once with the phases of the step it is live in. A phase's total is
+# its terms' sum and the largest phase is the peak; a term declared nowhere is an error in
+# `phases`, never silently left out of the peak.
+PHASES = ("backward head", "layer loop", "tail")
+WHOLE_STEP = PHASES
+TERMS: dict[str, tuple[str, ...]] = {
+    # the step's arguments (donated: the updated ones reuse them), and the gradient shards
+    "params": WHOLE_STEP,
+    "optimizer": WHOLE_STEP,
+    "batch": WHOLE_STEP,
+    "expert stacks": WHOLE_STEP,
+    "gradients": WHOLE_STEP,
+    "accumulator": WHOLE_STEP,
+    "activations": ("backward head", "layer loop"),
+    "logits": ("backward head",),
+    "embeddings": ("backward head", "tail"),
+    "reduced gradients": ("layer loop", "tail"),
+    "layer": ("layer loop",),
+    "held tables": ("tail",),
+    # a pipelined step's own (cost/pipeline/memory.py)
+    "pipeline buffers": ("layer loop",),
+    "stage weights": ("layer loop",),
+    "chunk residuals": ("layer loop",),
+    "kept logits": ("layer loop",),
+    "iteration residuals": ("layer loop",),
 }
-ALWAYS = ("params", "optimizer", "batch", "expert stacks")
 
 
 def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
-    """Each phase's total (the arguments included), and the terms live in the largest."""
-    totals = {
-        name: sum(terms.get(k, 0) for k in (*ALWAYS, *parts)) for name, parts in PHASES.items()
-    }
+    """Each phase's total, and the terms live in the largest (`TERMS` says where each is live)."""
+    undeclared = sorted(set(terms) - set(TERMS))
+    if undeclared:
+        raise LookupError(f"memory terms {undeclared} are declared in no phase (memory/terms.py)")
+    totals = dict.fromkeys(WHOLE_STEP, 0)
+    for name, nbytes in terms.items():
+        for phase in TERMS[name]:
+            totals[phase] += nbytes
     worst = max(totals, key=lambda name: totals[name])
-    return totals, {k for k in (*ALWAYS, *PHASES[worst]) if k in terms}
+    return totals, {k for k in terms if worst in TERMS[k]}
 
 
 def _dp(roles: Roles) -> int:
