@@ -87,7 +87,8 @@ from ..parts.traffic import (
 )
 from ..parts.weights import dense_layer_weights, moe_layer_weights
 from ..timing.axes import AxisTraffic, axis_total
-from ..timing.step import StepTime, step_time, update_bytes
+from ..timing.memory_bound import update_bytes
+from ..timing.step import StepTime, step_time
 
 
 @dataclass(frozen=True)
