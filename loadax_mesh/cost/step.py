@@ -17,15 +17,9 @@ from .memory.terms import memory_terms
 from .parts.flops import step_flops
 from .parts.traffic import Collective, collectives
 from .pipeline.memory import pipeline_memory_terms
-from .pipeline.stages import (
-    Pipeline,
-    pipeline_axis,
-    pipeline_collectives,
-    pipeline_flops,
-    pipeline_of,
-    pipeline_time,
-    summary,
-)
+from .pipeline.stages import Pipeline, pipeline_of, summary
+from .pipeline.time import pipeline_flops, pipeline_time
+from .pipeline.traffic import pipeline_axis, pipeline_collectives
 from .timing.axes import AxisTraffic, axis_traffic
 from .timing.step import StepTime, step_time
 

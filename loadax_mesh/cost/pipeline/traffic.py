@@ -1,0 +1,196 @@
+"""The collectives of a pipelined step, by axis (docs/cost-terms.md says what each is and
+which compiled steps referee it).
+
+FSDP gathers a stage's layer weights every iteration, forward and backward, and reduces their
+gradients every iteration, plus the lead layers' and the tables' as a plain step. The tensor
+and sequence axes carry a plain layer's activation collectives on each of a stage's layer
+passes (a pipeline micro-batch's rows each), and the lead layers' and the head's on the rows of
+the step's layout; the sequence axis, which replicates the weights, also sums each stage layer
+pass's weight gradients. The pipeline axis carries the stage-to-stage activations (exposed:
+on the schedule's critical path), the micro-batches gathered to every stage and their
+gradients summed, the last stage's results taken back to the step's layout, the lookup's
+gradient rows, and the gradients of what it replicates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...hardware.profile import DeviceFacts
+from ...workload.layout import Roles, regathered, regathered_weights
+from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ...workload.stages import Stages
+from ..parts.shapes import Shapes
+from ..parts.traffic import (
+    Collective,
+    exchanges,
+    layer_collectives,
+    moe_collectives,
+    seq_collectives,
+    shard_axis,
+    tensor_collectives,
+    weight_arrays,
+)
+from ..parts.weights import dense_layer_weights, moe_layer_weights
+from ..timing.axes import AxisTraffic, axis_total
+from .stages import data_roles, moe_stages, shard_elements, stage_train
+
+
+def pipeline_collectives(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    *,
+    overlapped: bool = False,
+    regather: bool = False,
+) -> list[Collective]:
+    """parts/traffic.collectives for a pipelined step (module docstring), by axis;
+    `overlapped` and `regather` as there. Everything runs once per gradient-accumulation
+    micro-batch."""
+    cd = dtype_bytes(train.compute_dtype)
+    outside = shard_elements(model, st, r, cd, None, staged=False)
+    staged = shard_elements(model, st, r, cd, None, staged=True)
+    return (
+        _weights(model, train, r, st, outside + staged, overlapped=overlapped, regather=regather)
+        + _activations(model, train, r, st, overlapped=overlapped)
+        + _between_stages(model, train, r, st, outside)
+    )
+
+
+def _weights(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    shard: int,
+    *,
+    overlapped: bool,
+    regather: bool,
+) -> list[Collective]:
+    """The FSDP axis's weight gathers and gradient scatters, every layer pass a device runs
+    (the lead layers' and a stage's every iteration) and the tables', and each data-parallel
+    axis's all-reduce of the device's gradient shards (`shard` bytes), one array at a time."""
+    cd, mb, d = dtype_bytes(train.compute_dtype), train.microbatches, model.d_model
+    lead = st.lead_dense + st.lead_moe
+    runs = (lead + st.per_chunk * st.iterations) * mb  # layer passes a device gathers for
+    # ... of them MoE layers' (the lead ones, and the stages' where they hold MoE layers)
+    moe_runs = (st.lead_moe + st.per_chunk * st.iterations * moe_stages(st)) * mb
+    m = r.size("model")
+    found: list[Collective] = []
+    tables = (1 if model.tied_embeddings else 2) * model.vocab_size // m * d * cd
+    a = shard_axis(r)
+    if a is not None:
+        found += (
+            moe_collectives(model, train, r, a, in_line=overlapped,
+                            runs=(runs - moe_runs, moe_runs))
+            if model.num_experts
+            else layer_collectives(model, a, m, cd, runs, in_line=overlapped)
+        )  # fmt: skip
+        qkv = regathered_weights(model, regathered(model, train, r), m) * cd * regather
+        if qkv:
+            found.append(Collective(a, "all-gather", "q, k, v weights again", qkv, runs,
+                                    not overlapped))  # fmt: skip
+        found += [
+            Collective(a, "all-gather", "embedding tables", tables, mb, True),
+            Collective(a, "reduce-scatter", "embedding gradients", tables, mb, True),
+        ]
+        chunks = train.logits_chunks
+        if chunks > 1:  # as parts/traffic.collectives
+            table = model.vocab_size // m * d * cd
+            found += [
+                Collective(a, "all-gather", "unembedding per chunk", table, (2 * chunks - 1) * mb,
+                           True),
+                Collective(a, "reduce-scatter", "unembedding gradient per chunk", table,
+                           (chunks - 1) * mb, True),
+            ]  # fmt: skip
+    arrays = weight_arrays(model) * (lead + st.layers // st.stages)
+    for a in r.data_parallel_axes():
+        found += [
+            Collective(a, "all-reduce", "layer weight gradients", shard // arrays, arrays * mb,
+                       True),
+        ]  # fmt: skip
+    return found
+
+
+def _activations(
+    model: ModelSpec, train: TrainSpec, r: Roles, st: Stages, *, overlapped: bool
+) -> list[Collective]:
+    """The tensor and sequence axes' activation collectives and the expert axis's exchanges:
+    the lead layers and the head on a replica's rows split over the pipeline axis too, the
+    stage's layer passes (the bubble's included) on a pipeline micro-batch's rows; and the
+    sequence axis's sum of each stage layer pass's weight gradients."""
+    ts, mb, lead = stage_train(train, st), train.microbatches, st.lead_dense + st.lead_moe
+    rd, passes = data_roles(r), st.per_chunk * st.iterations * mb
+    found = _run(
+        tensor_collectives(model, train, rd, layer_runs=lead * mb, head_runs=mb,
+                           overlapped=overlapped)
+        + seq_collectives(model, train, rd, layer_runs=lead * mb)
+    )  # fmt: skip
+    found += _run(
+        tensor_collectives(model, ts, r, layer_runs=passes, head_runs=0, overlapped=overlapped)
+        + seq_collectives(model, ts, r, layer_runs=passes)
+        + exchanges(model, ts, r, layer_runs=passes * moe_stages(st)),
+        " in the stages",
+    )
+    found += _run(exchanges(model, train, rd, layer_runs=st.lead_moe * mb))
+    if r.seq is not None and r.size("seq") > 1:
+        # The sequence axis replicates the weights: the scan's backward pass sums each
+        # iteration's weight gradients (a layer's shard, in the compute dtype) over it before
+        # adding them up, a layer pass at a time (the compiled steps of bench_cost).
+        m, cd = r.size("model"), dtype_bytes(train.compute_dtype)
+        dense = dense_layer_weights(model, m)
+        weights = sum(moe_layer_weights(model, r)) if moe_stages(st) else dense
+        shard = weights * cd // r.size("fsdp")
+        found.append(Collective(r.seq, "all-reduce", "layer weight gradients in the stages",
+                                shard, passes, True))  # fmt: skip
+    return found
+
+
+def _between_stages(
+    model: ModelSpec, train: TrainSpec, r: Roles, st: Stages, outside: int
+) -> list[Collective]:
+    """The pipeline axis's own collectives; `outside` the bytes of the device's parameters
+    outside the stages (in the compute dtype), whose gradients the axis reduces."""
+    cd, mb, d, m = (
+        dtype_bytes(train.compute_dtype),
+        train.microbatches,
+        model.d_model,
+        r.size("model"),
+    )
+    p = st.axis
+    sh, stage = Shapes.of(model, train, r), Shapes.of(model, stage_train(train, st), r)
+    # A replica's activations on this device, one slice, their hidden dim cut over the tensor
+    # axis (the lookup's gradient is gathered whole over it first: parts/traffic.py); one
+    # pipeline micro-batch's likewise.
+    rows = sh.micro_rows * sh.seq * d // m
+    micro = stage.micro_rows * stage.seq * d // m * cd
+    # The parameters the pipeline axis replicates, less the input table: its gradient rows
+    # are gathered over the axis before the scatter-add (above), not reduced after.
+    table = 0 if model.tied_embeddings else model.vocab_size // m * d // r.size("fsdp") * cd
+    return [
+        Collective(p, "collective-permute", "stage-to-stage activations", micro,
+                   2 * st.iterations * mb, False),
+        Collective(p, "all-gather", "micro-batches to every stage", rows * cd, mb, False),
+        Collective(p, "all-reduce", "micro-batch gradients over stages", rows * 4, mb, False),
+        Collective(p, "all-to-all", "last stage's results to the step's layout", rows * cd, mb,
+                   False),
+        Collective(p, "collective-permute", "their gradient to the last stage", rows * cd, mb,
+                   False),
+        Collective(p, "all-gather", "lookup gradient rows", rows * m * cd, mb, False),
+        Collective(p, "all-reduce", "unembedding, norm and lead layer gradients",
+                   outside - table, mb, True),
+    ]  # fmt: skip
+
+
+def _run(found: list[Collective], where: str = "") -> list[Collective]:
+    """The collectives of `found` that run, each said to run `where`."""
+    return [replace(c, what=c.what + where) for c in found if c.count]
+
+
+def pipeline_axis(
+    found: list[Collective], axis: str, ici: int, dcn: int, efficiency: float, facts: DeviceFacts
+) -> AxisTraffic:
+    """The pipeline axis's AxisTraffic (axis_time.axis_traffic's, role "pipeline"; a
+    collective-permute priced as one transfer to one peer, axis_time._seconds)."""
+    return axis_total(found, axis, "pipeline", ici, dcn, efficiency, facts)
