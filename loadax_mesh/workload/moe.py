@@ -5,10 +5,9 @@ The block runs under `shard_map` over the whole mesh. Each device routes its own
 batch over the batch axes, the sequence over the sequence axis): router logits in float32, a
 softmax or sigmoid, the top `experts_per_token`, weights renormalised over them (a sigmoid
 router with one expert per token keeps its raw score, as Llama 4 does), times the model's
-`routed_scaling`. `routing="balanced"`
-sends token i (its index in the global batch, row-major) to experts (i * k + j) mod E, the
-router's scores still weighting them, so the router trains as published benchmark runs force
-balanced load. Token copies are sorted by expert; then:
+`routed_scaling`. `routing="balanced"` sends token i (its index in the global batch, row-major)
+to experts (i * k + j) mod E, the router's scores still weighting them, so the router trains as
+published benchmark runs force balanced load. Token copies are sorted by expert; then:
 
 - `moe="dropless"`: every copy is computed. The experts are grouped matmuls with each
   expert's count, as MaxText's sparse path runs them (`kernels.grouped_matmul`: jax's

@@ -1,35 +1,17 @@
 """Attention written out (`TrainSpec(attention="plain")`) as the reference step runs it
 (workload/attention.py `_plain`), counted from its operations rather than priced as a fused
-kernel.
+kernel (the full count and what the compilers do beyond it: docs/cost-terms.md).
 
 Per layer the step writes out a score-sized tensor ([rows, heads, queries, keys]) at every
-operation that cannot fuse with the next: the two matmuls of the forward pass over the whole
-square (the causal mask is applied to the scores, not used to skip any), the softmax's three
-passes over the scores (its row max, its row sum of exponentials, the normalised weights; the
-float32 cast, scale and mask fused into each), and in the backward pass three matmuls more
-(the weights' gradient, the values' and, from the scores' gradient, the queries' and keys')
-and the softmax's gradient (its row sum of gradient x probabilities, then the scores'
-gradient). The backward pass reads the probabilities: under every checkpoint policy no named
-tensor keeps them, so the scores and weights are computed again (and the weighted values too
-where the attention's output is recomputed); with no checkpoint at all autodiff saves the
-float32 probabilities (cost/parts/saved.py `residuals`) and the backward pass reads those.
+operation that cannot fuse with the next: the forward pass's two matmuls over the whole square
+(the causal mask applied to the scores, skipping none) and the softmax's three passes; the
+backward pass's three matmuls more and the softmax's gradient. The backward pass reads the
+probabilities: under every checkpoint policy the scores and weights are computed again (and
+the weighted values where the attention's output is recomputed); with no checkpoint at all
+autodiff saves the float32 probabilities (parts/saved.py `residuals`).
 
-The matmuls are ordinary matmuls; the rest is memory-bound. Counted per score element, one
-pair of one head, in bytes (compute dtype `c`):
-
-- forward: q.k^T writes the scores (c); the softmax reads them three times and writes the
-  weights (4c); weights.v reads them (c)
-- again (any checkpoint): q.k^T (c) and the softmax (4c); weights.v (c) where the
-  attention's output is recomputed
-- backward: dO.v^T writes the weights' gradient (c), weights^T.dO reads the weights (c), the
-  scores' gradient is read by its two matmuls (2c); the softmax's gradient reads the weights'
-  gradient twice (2c) and the probabilities' source twice (the scores, 2c; with no checkpoint
-  the saved float32 probabilities, 8 bytes) and writes the scores' gradient (c)
-
-XLA's GPU compiler moves more than this (it writes float32 copies of the scores and of the
-weights' gradient and the scores' gradient in two layouts), which the chip's measured share of
-its HBM bandwidth for memory-bound operations covers, as for every other such count
-(cost/timing/step.py); libtpu fuses more (benchmarks/RESULTS.md, 2026-11-29).
+The matmuls are ordinary matmuls; the rest is memory-bound, counted per score element (one
+pair of one head) in bytes of the compute dtype (`Pass`).
 """
 
 from __future__ import annotations

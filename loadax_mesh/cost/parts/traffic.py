@@ -1,60 +1,25 @@
-"""The collectives the reference step runs over each mesh axis (what they cost: axis_time.py).
+"""The collectives the reference step runs over each mesh axis (what they cost:
+timing/axes.py; what each is and the compiled programs that show it: docs/cost-terms.md).
 
-Bytes are counted as the compiled program reports them (`compile.CompileReport`): the full
-buffer over the group (all-gather's result, reduce-scatter's input, the others' buffer), per
-device and per step. What each role's axis carries:
-- FSDP: every layer's weights gathered in the forward pass and again in the backward pass (a
-  full-remat recompute reuses the backward's, but on TPU a sequential layer's recomputed q, k
-  and v weights are gathered a third time for their input gradient, as MaxText's step does and
-  ours there: `layout.regathered`), and its weight gradients reduced; the embedding
-  tables gathered and their gradients reduced; all of it once per micro-batch. With logits
-  chunks the unembedding is gathered again in every chunk of the forward pass and of its
-  recompute, and its gradient reduced per chunk. (Where the TPU
-  compiler turns a gather or a reduce-scatter into a collective matmul, a ring of permutes
-  inside the matmul, the ring moves the same bytes.) On TPU a dense layer's attention weights
-  are gathered in line each pass, the MLP's beside matmuls (`layer_collectives`: MaxText's
-  GPT-3 and LLaMA-2 steps compiled for v6e-256 with their recipes' async collective fusion).
-  A model with MoE layers: `moe_collectives` (its routed experts gathered over fsdp alone).
-  Where the mesh has an expert axis it acts as FSDP outside the experts: those gathers span
-  fsdp and expert together, counted on fsdp (on expert where fsdp has size 1).
-- Expert: per MoE layer the all-to-alls that carry tokens to their experts and back
-  (`exchanges`), exposed.
+Bytes are counted as the compiled program reports them (`CompileReport`): the full buffer over
+the group (all-gather's result, reduce-scatter's input, the others' buffer), per device and
+per step. What each role's axis carries:
+- FSDP: every layer's weights gathered in the forward pass and again in the backward pass (on
+  TPU a sequential layer's recomputed q, k and v weights a third time: `layout.regathered`),
+  its weight gradients reduced, the embedding tables gathered and their gradients reduced,
+  once per micro-batch (with logits chunks the unembedding again per chunk). MoE layers:
+  `moe_collectives`; an expert axis acts as FSDP outside the experts.
+- Expert: per MoE layer the all-to-alls that carry tokens to their experts and back.
 - Data (a batch axis without an FSDP role): every gradient shard all-reduced once a step, one
-  collective per weight array: a layer's (`weight_arrays`) as the backward pass produces them,
-  the tables and the final norm after (libtpu across slices: one megascale transfer per array
-  inside the backward layer loop, the norms' scales together; a v5e two-slice compile). Each
-  run pays the ring's latency across granules: the per-array count is what makes the
-  multislice step grow with the slice count (MaxText's v5e tables, 1 to 32 slices).
-- Tensor (`model`): the residual stream is cut over it (workload.layout's `hidden`). Per layer
-  the forward pass gathers the two norms' outputs for their matmuls and reduce-scatters the two
-  blocks' outputs; the backward pass gathers a hidden-cut operand again for each use that
-  needs it whole (XLA's partitioner reshards operands per use; LLaMA-3 70B on GPU, optimised
-  HLO): each norm's output once for its projections' weight gradients, and the output
-  gradients of the attention and MLP blocks twice, for their input and their weight
-  gradients; it reduce-scatters the norms' output gradients. A recompute gathers a norm's
-  output again where it recomputes the projections reading it (q, k, v; gate and up), and
-  reduce-scatters the attention half's output where it recomputes the output projection.
-  A parallel block (`ModelSpec.parallel_block`) has one norm output to gather for both
-  halves and one output gradient: fewer gathers, as its compile shows (`_parallel_block_runs`).
-  Outside the layers: the lookup's all-reduce and its gradient's gather, the final norm's
-  output gathered for the logits and for the unembedding's gradient, and its gradient
-  reduce-scattered. (The TPU compiler runs some inside the matmuls as permute rings, and some
-  reduce-scatters as all-reduces, which report their buffer once and move it twice:
-  bench_cost.) They feed the next matmul, so they wait, but libtpu overlaps most (the
-  scheduled HLO of a tensor-16 step, 2 layers, full and dots remat): the backward pass's
-  gathers run as async collective fusions beside matmuls, but for the one that regathers a
-  norm's output (the recompute's, or for the weight gradients: one sync all-gather, one
-  windowed), and one reduce-scatter of each pass runs as a windowed (collective) matmul. The
-  forward pass's two gathers and the recompute's wait; so do the other reduce-scatters.
-  Latent attention's bottlenecks are whole on every device of it: their gradients, partial
-  sums over the heads, are all-reduced per layer.
-- Sequence: per layer keys and values gathered along the sequence (forward, and again for a
-  full-remat recompute) and their gradients reduce-scattered.
-An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase; the time
-of a phase is a ring's: (n - 1) / n of the bytes over the link (both directions of an ICI ring,
-times the plan's `AxisQuality.link_factor`: ring efficiency times the torus dims the axis
-spans; the device's share of its host's network across granules)
-plus one latency per step.
+  collective per weight array (`weight_arrays`), each paying the ring's latency across
+  granules.
+- Tensor (`model`): the residual stream is cut over it; per layer the norms' outputs gathered
+  and the blocks' outputs reduce-scattered, forward, backward and recompute
+  (`tensor_collectives`); outside the layers the lookup's and the final norm's.
+- Sequence: per layer keys and values gathered along the sequence and their gradients
+  reduce-scattered (`seq_collectives`).
+An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase, each a
+ring's time: (n - 1) / n of the bytes over the link, plus one latency per step.
 """
 
 from __future__ import annotations

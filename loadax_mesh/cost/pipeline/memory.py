@@ -1,5 +1,5 @@
-"""The memory of a pipelined step (cost/pipeline/stages.py's module docstring says what it holds):
-memory.memory_terms's terms, a stage's."""
+"""The memory of a pipelined step: memory/terms.py's terms, a stage's (what each holds and the
+compiled steps that referee it: docs/cost-terms.md, "Pipeline stages")."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def pipeline_memory_terms(
     *,
     replicas_across_granules: bool = False,
 ) -> dict[str, int]:
-    """memory.memory_terms for a pipelined step (module docstring): the terms outside the
+    """memory/terms.memory_terms for a pipelined step: the terms outside the
     stages as a plain step's with the pipeline axis acting as data, the arguments a stage's,
     the activations every iteration's chunk and the lead layers', the layer term the larger
     of a stage's layer and a lead layer, and the pipelined step's own terms of the layer

@@ -45,7 +45,7 @@ def pipeline_collectives(
     overlapped: bool = False,
     regather: bool = False,
 ) -> list[Collective]:
-    """parts/traffic.collectives for a pipelined step (module docstring), by axis;
+    """parts/traffic.collectives for a pipelined step (as the module says), by axis;
     `overlapped` and `regather` as there. Everything runs once per gradient-accumulation
     micro-batch."""
     cd = dtype_bytes(train.compute_dtype)
