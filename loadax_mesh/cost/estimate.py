@@ -20,11 +20,11 @@ from ..errors import MeshConfigError
 from ..hardware.profile import DeviceFacts, HardwareProfile, hardware_profile
 from ..workload.layout import Roles, check_fit, roles
 from ..workload.spec import ModelSpec, TrainSpec
+from ..workload.stages import Stages
 from . import band as _band
 from .calibration import Calibrated
 from .conditions import host_conditions
 from .memory.terms import host_bytes, phases
-from .pipeline.stages import Pipeline
 from .step import StepCost, step_cost
 from .timing.axes import AxisTraffic
 from .timing.step import StepTime
@@ -87,8 +87,9 @@ class Estimate:
     assumes: tuple[str, ...] = ()
     given: dict[str, str] = field(default_factory=dict)  # facts the user gave: name -> value
     overlap: str = OVERLAP
-    # pipeline stages: their bubble and schedule (cost/pipeline/stages.py); None without
-    pipeline: Pipeline | None = None
+    # the pipeline stages priced (workload/stages.py; bubble and iterations with them); None
+    # without
+    pipeline: Stages | None = None
     # the recipe priced, as the step runs it (`stages.resolved`: a pipelined step's micro-batch
     # count, pipelined layers and stage remat filled in)
     train: TrainSpec | None = None
@@ -98,7 +99,7 @@ class Estimate:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["time"] = asdict(self.time)
         data["axes"] = {k: v.to_dict() for k, v in self.axes.items()}
-        data["pipeline"] = None if self.pipeline is None else asdict(self.pipeline)
+        data["pipeline"] = None if self.pipeline is None else self.pipeline.to_dict()
         data["train"] = None if self.train is None else asdict(self.train)
         data["train"] = None if self.train is None else asdict(self.train)
         data["profile"] = self.profile.platform

@@ -17,7 +17,7 @@ from .memory.terms import memory_terms
 from .parts.flops import step_flops
 from .parts.traffic import Collective, collectives
 from .pipeline.memory import pipeline_memory_terms
-from .pipeline.stages import Pipeline, pipeline_of, summary
+from .pipeline.stages import pipeline_of
 from .pipeline.time import pipeline_flops, pipeline_time
 from .pipeline.traffic import pipeline_axis, pipeline_collectives
 from .timing.axes import AxisTraffic, axis_traffic
@@ -30,7 +30,7 @@ Waits = tuple[float, float, float]
 
 class StepCost(Protocol):
     """What a step costs on one device, part by part. `train` is the recipe as the step runs
-    it (`stages.resolved`); `pipeline` what an estimate says of its stages (None: none)."""
+    it (`stages.resolved`); `pipeline` its stages (None: none)."""
 
     @property
     def model(self) -> ModelSpec: ...
@@ -42,7 +42,7 @@ class StepCost(Protocol):
     def roles(self) -> Roles: ...
 
     @property
-    def pipeline(self) -> Pipeline | None: ...
+    def pipeline(self) -> Stages | None: ...
 
     def memory_terms(
         self, device: DeviceFacts, *, replicas_across_granules: bool = False
@@ -155,8 +155,8 @@ class PipelinedStep:
     stages: Stages
 
     @property
-    def pipeline(self) -> Pipeline:
-        return summary(self.stages)
+    def pipeline(self) -> Stages:
+        return self.stages
 
     def memory_terms(
         self, device: DeviceFacts, *, replicas_across_granules: bool = False

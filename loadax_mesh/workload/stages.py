@@ -16,7 +16,8 @@ axis, so each stage holds only its own chunks (MaxText's layout of pipelined wei
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from ..errors import MeshConfigError
 from .spec import ModelSpec, TrainSpec
@@ -55,9 +56,28 @@ class Stages:
         return self.microbatches * self.repeats + self.stages - 1
 
     @property
+    def bubble(self) -> float:
+        """The share of the schedule in which a stage has no micro-batch (`bubble`)."""
+        return bubble(self.stages, self.microbatches, self.repeats)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data: the fields, and the chunk length, iterations and bubble."""
+        return asdict(self) | {
+            "per_chunk": self.per_chunk,
+            "iterations": self.iterations,
+            "bubble": self.bubble,
+        }
+
+    @property
     def lead(self) -> int:
         """The layers before the pipelined ones, in the pipelined stack."""
         return self.lead_moe if self.stack == "moe_layers" else self.lead_dense
+
+
+def bubble(stages: int, microbatches: int, repeats: int) -> float:
+    """The share of the schedule's iterations in which a stage has no micro-batch:
+    (S - 1) / (M R + S - 1)."""
+    return (stages - 1) / (microbatches * repeats + stages - 1)
 
 
 def _kinds(model: ModelSpec) -> list[str]:

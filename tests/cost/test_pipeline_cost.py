@@ -8,8 +8,8 @@ import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
 from loadax_mesh.cost import estimate
-from loadax_mesh.cost.pipeline.stages import bubble
 from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload.stages import bubble
 
 LONG = ModelSpec(
     name="long", num_layers=8, d_model=2048, d_ff=8192, num_heads=16, num_kv_heads=8,

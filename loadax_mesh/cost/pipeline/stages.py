@@ -15,31 +15,13 @@ the step from the plain step's parts.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ...errors import MeshConfigError
 from ...workload.layout import Roles, param_shapes, stages_of
 from ...workload.spec import ModelSpec, TrainSpec
 from ...workload.stages import STAGED, Stages, staged_shapes
 from ..parts.shapes import stored
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """The pipeline an estimate priced: `stages` S over `axis`, `microbatches` M, `repeats` R,
-    the last `layers` layers pipelined in chunks of `per_chunk`, `iterations` M R + S - 1,
-    of which `bubble` (S - 1) / (M R + S - 1) is the share of the schedule idle stages
-    compute on zeros; `remat` where the stages checkpoint (TrainSpec.pipeline_remat)."""
-
-    axis: str
-    stages: int
-    microbatches: int
-    repeats: int
-    layers: int
-    per_chunk: int
-    iterations: int
-    bubble: float
-    remat: str
 
 
 def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
@@ -54,27 +36,6 @@ def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
             "yet; accepted: tensors kept on the device or recomputed"
         )
     return st
-
-
-def summary(st: Stages) -> Pipeline:
-    """What `Estimate.pipeline` says of the stages."""
-    return Pipeline(
-        axis=st.axis,
-        stages=st.stages,
-        microbatches=st.microbatches,
-        repeats=st.repeats,
-        layers=st.layers,
-        per_chunk=st.per_chunk,
-        iterations=st.iterations,
-        bubble=bubble(st.stages, st.microbatches, st.repeats),
-        remat=st.remat,
-    )
-
-
-def bubble(stages: int, microbatches: int, repeats: int) -> float:
-    """The share of the schedule's iterations in which a stage has no micro-batch:
-    (S - 1) / (M R + S - 1)."""
-    return (stages - 1) / (microbatches * repeats + stages - 1)
 
 
 def data_roles(r: Roles) -> Roles:
