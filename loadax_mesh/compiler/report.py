@@ -109,6 +109,7 @@ class CompileReport:
     # The recipe compiled, resolved as the step ran it (pipeline fields left to defaults filled
     # in, `stages.resolved`): its MoE path, pipeline micro-batches, repeats and layers.
     train: TrainSpec | None = None
+    moe: str | None = None  # a model with experts: the MoE path compiled; else None
 
     def bytes_across(self) -> dict[str, int | None]:
         """Collective bytes per step: in all, inside hosts, across hosts and across granules
@@ -237,6 +238,7 @@ def _common(
         profile=profile,
         given={} if profile is None or profile.device is None else _given(profile),
         train=train,
+        moe=train.moe if model.num_experts else None,
     )
 
 

@@ -13,6 +13,21 @@ if TYPE_CHECKING:
     from ..compiler.report import CompileReport
 
 
+def _recipe(report: CompileReport) -> list[str]:
+    """The recipe's lines a compile of a MoE model or a pipelined mesh adds: the path and the
+    pipeline as the step ran them (the resolved `CompileReport.train`)."""
+    t, out = report.train, []
+    if report.moe is not None:
+        out.append(f"moe        {report.moe}")
+    if t is not None and report.mesh.get("pipeline", 1) > 1:
+        out.append(
+            f"pipeline   {report.mesh['pipeline']} stages, pipeline microbatches "
+            f"{t.pipeline_microbatches}, repeats {t.pipeline_repeats}, layers "
+            f"{t.pipeline_layers}, remat per {t.pipeline_remat}"
+        )
+    return out
+
+
 def render_report(report: CompileReport, notes: list[str]) -> str:
     """The compile report as text: memory against HBM, FLOPs, collectives per kind and axes."""
     mesh = shape_text(report.mesh)
@@ -20,6 +35,7 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
         f"compiled   {report.model}, global batch {report.global_batch}, remat {report.remat}, "
         f"attention {report.attention}",
         f"hardware   {report.hardware}; mesh {mesh}",
+        *_recipe(report),
         *(f"given      {k} = {v} ({GIVEN})" for k, v in report.given.items()),
         *(f"note       {n}" for n in notes),
         f"time       {report.compile_seconds:.1f} s",

@@ -14,6 +14,7 @@ from loadax_mesh.compiler.hlo import HloText, collectives
 from loadax_mesh.compiler.replica_groups import group_axes
 from loadax_mesh.compiler.report import compile_step
 from loadax_mesh.hardware.topology import topology_devices
+from loadax_mesh.view.compile import render_report
 from loadax_mesh.workload import ModelSpec, TrainSpec
 from loadax_mesh.workload.step import make_step
 
@@ -30,6 +31,9 @@ def test_a_pipelined_step_compiles_with_collective_permutes_on_the_pipeline_axis
     assert report.train is not None
     assert (report.train.pipeline_microbatches, report.train.pipeline_layers) == (2, 4)
     assert report.to_dict()["train"]["pipeline_microbatches"] == 2
+    text = render_report(report, [])
+    assert "pipeline   2 stages, pipeline microbatches 2, repeats 1, layers 4" in text
+    assert report.moe is None and "moe " not in text
     # 2 micro-batches (as many as stages) of 8 rows, 2 a chip: [2, 8192, 4096] in bfloat16,
     # sent M + S - 1 = 3 times forward and 3 times backward (the transposed permute)
     activations = 2 * model.seq_len * model.d_model * 2
