@@ -12,10 +12,11 @@ from .report import size_text, text_table
 from .stages import pipeline_lines
 
 if TYPE_CHECKING:
-    from ..cost import Estimate, Ranking
+    from ..cost.estimate import Estimate
+    from .ranked import RankingView
 
 
-def auto_note(ranking: Ranking, searched: list[str]) -> str:
+def auto_note(ranking: RankingView, searched: list[str]) -> str:
     """The note under a plan that `--strategy auto` chose: how many meshes, which recipe flags
     were searched (not given), and the winner's recipe as the command line writes it."""
     what = f" and recipes ({', '.join(searched)} searched)" if searched else ""
@@ -34,7 +35,7 @@ def auto_note(ranking: Ranking, searched: list[str]) -> str:
     )
 
 
-def ranking_text(ranking: Ranking) -> str:
+def ranking_text(ranking: RankingView) -> str:
     """The ranking as a table: shape, ICI x DCN, memory against HBM, step time, MFU."""
     header = ["", "mesh", "ici x dcn", "recipe", "memory", "host", "step", "MFU", "bottleneck"]
     rows: list[list[Any]] = [header]
@@ -95,7 +96,7 @@ def _stages(e: Estimate) -> str:
     return "" if p is None else f" pp{p.stages} M{p.microbatches} R{p.repeats}"
 
 
-def ranking_data(ranking: Ranking) -> dict[str, Any]:
+def ranking_data(ranking: RankingView) -> dict[str, Any]:
     """The ranking as JSON data: the search's counts and each choice's estimate."""
     return {
         "considered": ranking.considered,
