@@ -159,11 +159,20 @@ class MeshConfig(ConfigFields):
         """A strategy preset (`dp`, `fsdp`, `hsdp`, ...) with optional axis-size overrides.
 
         `"auto"` computes the mesh instead: `from_preset("auto", hardware=..., model=...,
-        global_batch=...)` (and optionally `remat`, `attention`, `axes`) is the winner of
-        `choose_mesh`: its mesh only. The recipe it was priced with (remat, micro-batches,
-        and on a pipelined mesh `pipeline_microbatches` and `pipeline_repeats`) is the
-        winner's `train` in `choose_mesh`'s ranking; a step run with other fields runs
-        another recipe than the one that won.
+        global_batch=..., axes=..., **options)` (`options`: TrainSpec fields; the recipe
+        fields among them, `remat`, `microbatches`, `logits_chunks`, `moe`,
+        `pipeline_microbatches` and `pipeline_repeats`, pin the search) is the winner of
+        `choose_mesh`: its mesh only. The recipe it won with is that winner's `train`, from
+        the same search::
+
+            ranking = choose_mesh(hardware, model, TrainSpec(global_batch=..., **options),
+                                  axes=axes, recipes=[pinned])  # pinned: the recipe options
+            ranking[0].config  # this config
+            ranking[0].train   # its recipe: run the step with this TrainSpec
+            print(ranking)     # the ranking, as `loadax-mesh plan --strategy auto` prints it
+
+        (with no recipe option given, `recipes` may be left out: the whole search). A step
+        run with other fields runs another recipe than the one that won.
 
         Args:
             name: a name of `list_presets()`, or "auto".

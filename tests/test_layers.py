@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
 )
 
-# Arrows up that the public contract asks for: a method of a core class that hands the user
+# Arrows up that the public contract asks for: a method of a lower wing's class that hands the user
 # to a higher wing. Each is a lazy import inside that method, so loading stays one-way, and the
 # wing it reaches never imports the core class back (no circle, type-only imports included).
 # `MeshConfig.from_preset("auto")` needs none: the package's face registers the cost model's
@@ -41,6 +41,7 @@ FACADES = {
     ("plan", "export.axlearn"): "MeshPlan.to_axlearn() is AXLearn's mesh_shape and mesh_rules",
     ("plan", "export.flax_rules"): "MeshPlan.to_flax_rules() is Flax's logical axis rules",
     ("plan", "workload.spec"): "MeshPlan.to_maxtext(train) takes a TrainSpec (type-only import)",
+    ("cost.choose.mesh", "view.estimate"): "str(ranking) is the ranking's text (the CLI's)",
 }
 
 

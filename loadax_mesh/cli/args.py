@@ -1,16 +1,20 @@
-"""The command line's shared pieces: the error it reports, the flags that describe a mesh,
-and turning them into a MeshConfig and a plan (with the planner's warnings as notes)."""
+"""The command line's shared pieces: the error it reports, the flags that describe a mesh and
+a workload (one flag for each TrainSpec field, made from the dataclass), and turning them into
+a MeshConfig, a plan (with the planner's warnings as notes) and a TrainSpec."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import re
-from typing import TYPE_CHECKING, Any
+from dataclasses import MISSING, fields
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin, get_type_hints
 
 if TYPE_CHECKING:
     from ..config import MeshConfig
     from ..plan import MeshPlan
+    from ..workload.spec import TrainSpec
 
 
 class UsageError(Exception):
@@ -37,6 +41,16 @@ def non_negative_int(text: str) -> int:
     if not re.fullmatch(r"[0-9]+", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
     return int(text)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive finite number")
+    return value
 
 
 PLAN_FLAGS: dict[str, tuple[dict[str, Any], str]] = {  # flag: (argparse options, help)
@@ -79,6 +93,100 @@ PICTURE_FLAGS: dict[str, tuple[dict[str, Any], str]] = {  # plan's only
         "ANSI colours in the grid (auto: when stdout is a terminal)",
     ),
 }
+
+
+# What the command line adds to a TrainSpec field's docstring in its flag's help: how a flag
+# writes what Python passes otherwise, and what `--strategy auto` searches when the flag is not
+# given (the recipe fields of cost/choose/recipes.py, RECIPE_FIELDS).
+FLAG_NOTES = {
+    "remat": "On the command line a policy or tensor=placement pairs such as "
+    "layer_input=offload,query=offload (tensors not named are recomputed).",
+}
+AUTO_SEARCHES = {
+    "remat": "searched unless given",
+    "microbatches": "searched unless given",
+    "logits_chunks": "searched unless given",
+    "moe": "both searched unless given (a model with experts)",
+    "pipeline_microbatches": "searched on meshes with a pipeline axis unless given",
+    "pipeline_repeats": "searched on meshes with a pipeline axis unless given",
+}
+# A field whose flag takes text that a parser turns into the field's value
+TEXT_FIELDS = {"remat": "POLICY"}
+
+
+def train_flags() -> dict[str, tuple[dict[str, Any], str]]:
+    """A flag for each TrainSpec field but `global_batch` (PLAN_FLAGS' --global-batch): the
+    field's name with dashes, argparse's type or choices from the field's type (a Literal's
+    values; an int field whose default is 0 takes 0), the field's docstring as its help, and
+    None as its default: not given, the field keeps TrainSpec's default."""
+    from ..workload.spec import TrainSpec, field_docs
+
+    hints, docs = get_type_hints(TrainSpec), field_docs()
+    out: dict[str, tuple[dict[str, Any], str]] = {}
+    for f in fields(TrainSpec):
+        if f.name == "global_batch":
+            continue
+        hint = hints[f.name]
+        options: dict[str, Any]
+        if get_origin(hint) is Literal:
+            options = {"choices": list(get_args(hint))}
+        elif f.name in TEXT_FIELDS:
+            options = {"metavar": TEXT_FIELDS[f.name]}
+        elif hint is int:
+            options = {"type": positive_int if f.default else non_negative_int, "metavar": "N"}
+        elif hint is float:
+            options = {"type": positive_float, "metavar": "X"}
+        else:
+            raise TypeError(f"TrainSpec.{f.name}: {hint} has no flag type; give it one here")
+        text = " ".join([docs[f.name], FLAG_NOTES.get(f.name, "")]).strip()
+        if f.name in AUTO_SEARCHES:
+            text += f" With --strategy auto: {AUTO_SEARCHES[f.name]}."
+        default = "" if f.default is MISSING else f" (default: {f.default})"
+        out[f"--{f.name.replace('_', '-')}"] = (options, (text + default).replace("%", "%%"))
+    return out
+
+
+def workload_flags() -> dict[str, tuple[dict[str, Any], str]]:
+    """The workload flags of `compile`, `estimate` and `plan` (which reads them for `--strategy
+    auto` and `--format maxtext`): --model, every TrainSpec field's, and --fact."""
+    return {
+        "--model": ({"metavar": "M"}, "a model (`loadax-mesh models`)"),
+        **train_flags(),
+        "--fact": (
+            {"dest": "facts", "action": "append", "default": [], "metavar": "NAME=VALUE"},
+            "set a catalogue fact of the hardware for this run, with its unit, e.g. "
+            "host_link_bandwidth=100GB/s (repeatable); reported as given by the user",
+        ),
+    }
+
+
+def given_fields(args: argparse.Namespace) -> list[str]:
+    """The TrainSpec fields whose flags are given, in the dataclass's order (--global-batch,
+    a plan flag, left out)."""
+    from ..workload.spec import TrainSpec
+
+    names = [f.name for f in fields(TrainSpec) if f.name != "global_batch"]
+    return [k for k in names if getattr(args, k, None) is not None]
+
+
+def train_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainSpec fields the flags give (each flag not given is left out), as TrainSpec
+    takes them (--remat's pairs parsed)."""
+    from ..workload.spec import parse_remat
+
+    parsers = {"remat": parse_remat}
+    given = {k: getattr(args, k) for k in given_fields(args)}
+    return {k: parsers[k](v) if k in parsers else v for k, v in given.items()}
+
+
+def train_from_args(args: argparse.Namespace) -> TrainSpec:
+    """The one TrainSpec the flags describe: --global-batch and every field flag given, the
+    rest TrainSpec's defaults. The caller says first why --global-batch is needed."""
+    from ..workload.spec import TrainSpec
+
+    if args.global_batch is None:
+        raise UsageError(f"{args.command} needs --global-batch N")
+    return TrainSpec(global_batch=args.global_batch, **train_fields(args))
 
 
 def config_from_args(args: argparse.Namespace, selector: str) -> tuple[MeshConfig, str]:

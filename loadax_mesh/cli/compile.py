@@ -11,70 +11,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .args import non_negative_int, positive_int, print_json
+from .args import print_json
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
-
-# The workload flags of `compile`, `estimate` and `plan --strategy auto` (where --model is
-# needed only for auto and --global-batch is the plan's own flag).
-WORKLOAD_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
-    "--model": ({"metavar": "M"}, "a model (`loadax-mesh models`)"),
-    "--remat": (
-        {"metavar": "POLICY"},
-        "where the backward pass finds each tensor of a layer: a policy (full, the default: "
-        "only layer inputs saved; dots; none; offload: layer inputs in host memory) or "
-        "tensor=placement pairs such as layer_input=offload,query=offload (placements: "
-        "recompute, device, offload; tensors not named are recomputed); with --strategy auto "
-        "it narrows the recipe search",
-    ),
-    "--microbatches": (
-        {"type": positive_int, "metavar": "M"},
-        "gradient accumulation: the step's batch run in M slices (default 1; with --strategy "
-        "auto: searched unless given)",
-    ),
-    "--pipeline-microbatches": (
-        {"type": non_negative_int, "metavar": "M"},
-        "a mesh with a pipeline axis: M micro-batches flow through its stages (default 0: as "
-        "many as stages)",
-    ),
-    "--pipeline-repeats": (
-        {"type": positive_int, "metavar": "R"},
-        "a mesh with a pipeline axis: each stage holds R chunks of layers (default 1: GPipe; "
-        "more: the circular schedule)",
-    ),
-    "--pipeline-layers": (
-        {"type": non_negative_int, "metavar": "N"},
-        "a mesh with a pipeline axis: the last N decoder layers are pipelined, the rest run "
-        "with the pipeline axis as data (default 0: every layer)",
-    ),
-    "--pipeline-remat": (
-        {"choices": ["layer", "iteration"]},
-        "a mesh with a pipeline axis: where the stages checkpoint under --remat: layer (each "
-        "layer; the default) or iteration (a stage's chunk of layers as one, as MaxText's "
-        "pipeline does: more memory)",
-    ),
-    "--logits-chunks": (
-        {"type": positive_int, "metavar": "C"},
-        "the loss computed over C slices of the tokens (default 1; with --strategy auto: "
-        "searched unless given)",
-    ),
-    "--moe": (
-        {"choices": ["dropless", "capacity"]},
-        "a model with experts: dropless (every token copy computed; the default) or capacity "
-        "(at most 1.25 x the even share of copies per expert, the rest dropped); with "
-        "--strategy auto: both searched unless given",
-    ),
-    "--attention": (
-        {"default": "flash", "choices": ["flash", "plain"]},
-        "flash: splash kernel on TPU, cuDNN on GPU; plain: XLA with the scores written out",
-    ),
-    "--fact": (
-        {"dest": "facts", "action": "append", "default": [], "metavar": "NAME=VALUE"},
-        "set a catalogue fact of the hardware for this run, with its unit, e.g. "
-        "host_link_bandwidth=100GB/s (repeatable); reported as given by the user",
-    ),
-}
+    from ..workload import TrainSpec
 
 
 def models_command(args: argparse.Namespace) -> int:
@@ -104,12 +45,15 @@ def models_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def compile_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str]) -> int:
+def compile_command(
+    args: argparse.Namespace, plan: MeshPlan, notes: list[str], chosen: TrainSpec | None
+) -> int:
+    """Compile the step the flags describe (`chosen`: `--strategy auto`'s recipe) for `plan`."""
     from ..compiler.report import compile_step
     from ..view.compile import render_report
     from .cost import given_facts, specs
 
-    model, train = specs(args)
+    model, train = specs(args, chosen)
     with _progress(f"compiling {model.name} for {plan.hardware}"):
         report = compile_step(plan, model, train, facts=given_facts(args))
     if args.format == "json":

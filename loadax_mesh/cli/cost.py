@@ -1,13 +1,13 @@
 """The CLI's cost-model faces: `estimate` (one estimate's breakdown) and `plan --strategy auto`
 (the ranking `choose_mesh` gives, before the winner's plan): the flags they read; their text
-is view/estimate.py's."""
+is view/estimate.py's. The winner's recipe is passed on explicitly (`chosen`) to what runs it."""
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .args import UsageError, print_json
+from .args import UsageError, print_json, train_fields, train_from_args
 
 if TYPE_CHECKING:
     from ..config import MeshConfig
@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from ..workload import ModelSpec, TrainSpec
 
 
-def specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec]:
-    """The model and train spec the flags name (--model and --global-batch are required)."""
-    from ..workload import ModelSpec, TrainSpec
+def specs(args: argparse.Namespace, chosen: TrainSpec | None = None) -> tuple[ModelSpec, TrainSpec]:
+    """The model and train spec the flags name (--model and --global-batch are required);
+    `chosen`, where `--strategy auto` chose the recipe, is the train spec instead."""
+    from ..workload import ModelSpec
 
     missing = [
         f
@@ -31,12 +32,7 @@ def specs(args: argparse.Namespace) -> tuple[ModelSpec, TrainSpec]:
             "estimate": ("estimate", "for the estimate"),
         }.get(args.command, (args.command, "for the step it compiles"))
         raise UsageError(f"{who} needs {' and '.join(missing)} ({why})")
-    chosen = getattr(args, "chosen_train", None)  # --strategy auto: the winner's recipe
-    if chosen is not None:
-        return ModelSpec.from_name(args.model), chosen
-    train = TrainSpec(
-        global_batch=args.global_batch, attention=args.attention, **recipe(args), **stages(args)
-    )
+    train = train_from_args(args) if chosen is None else chosen
     return ModelSpec.from_name(args.model), train
 
 
@@ -53,30 +49,11 @@ def given_facts(args: argparse.Namespace) -> dict[str, str] | None:
     return found or None
 
 
-def stages(args: argparse.Namespace) -> dict[str, Any]:
-    """The pipeline fields the flags give (--pipeline-microbatches, -repeats, -layers,
-    -remat)."""
-    names = ("pipeline_microbatches", "pipeline_repeats", "pipeline_layers", "pipeline_remat")
-    return {k: v for k in names if (v := getattr(args, k, None)) is not None}
-
-
-def recipe(args: argparse.Namespace) -> dict[str, Any]:
-    """The recipe fields the flags give (--remat, --microbatches, --logits-chunks, --moe)."""
-    from ..workload.spec import parse_remat
-
-    given = {
-        "remat": None if args.remat is None else parse_remat(args.remat),
-        "microbatches": args.microbatches,
-        "logits_chunks": args.logits_chunks,
-        "moe": getattr(args, "moe", None),
-    }
-    return {k: v for k, v in given.items() if v is not None}
-
-
 def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
-    """`--strategy auto`: the winner's config, the ranking, and a note saying so."""
+    """`--strategy auto`: the winner's config, the ranking (whose first choice's `train` is the
+    recipe it won with), and a note saying so. The recipe fields given pin the search's."""
     from ..cost import choose_mesh
-    from ..cost.choose.recipes import PIPELINE_FIELDS
+    from ..cost.choose.recipes import PIPELINE_FIELDS, RECIPE_FIELDS
     from ..view.estimate import auto_note
 
     if args.hardware is None:
@@ -92,10 +69,9 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
             f"--{flag}"
         )
     model, train = specs(args)
-    pins = {k: v for k, v in stages(args).items() if k in PIPELINE_FIELDS}
-    fixed = recipe(args) | pins  # the pipeline's fields given pin the search's
+    fixed = {k: v for k, v in train_fields(args).items() if k in RECIPE_FIELDS}
+    pins = {k: v for k, v in fixed.items() if k in PIPELINE_FIELDS}
     ranking = choose_mesh(args.hardware, model, train, recipes=[fixed], facts=given_facts(args))
-    args.chosen_train = ranking[0].train  # what estimate and compile then run
     fields = ("remat", "microbatches", "logits_chunks") + ("moe",) * bool(model.num_experts)
     if ranking[0].estimate.pipeline is not None:
         fields += ("pipeline_microbatches", "pipeline_repeats")
@@ -111,11 +87,15 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     return ranking[0].config, ranking, note
 
 
-def estimate_command(args: argparse.Namespace, plan: MeshPlan, notes: list[str]) -> int:
+def estimate_command(
+    args: argparse.Namespace, plan: MeshPlan, notes: list[str], chosen: TrainSpec | None
+) -> int:
+    """Print the estimate of the step the flags describe (`chosen`: `--strategy auto`'s
+    recipe) on `plan`."""
     from ..cost import estimate
     from ..view.estimate import estimate_text
 
-    model, train = specs(args)
+    model, train = specs(args, chosen)
     e = estimate(plan, model, train, facts=given_facts(args))
     if args.format == "json":
         print_json({**e.to_dict(), "notes": notes})

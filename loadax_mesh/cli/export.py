@@ -5,9 +5,9 @@ device order is built with jax's mesh_utils only when printed."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .args import UsageError
+from .args import UsageError, given_fields, train_from_args
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
@@ -23,14 +23,15 @@ EXPORT_FORMATS = ("maxtext", "axlearn", "flax")
 FORMAT_READS = {
     "text": "--global-batch (each host's rows)",
     "json": "--global-batch (each host's rows)",
-    "maxtext": "--global-batch (needed), --model and the recipe flags (--remat, --microbatches, "
-    "--logits-chunks, --attention, --moe, --pipeline-*): MaxText's keys carry them",
+    "maxtext": "--global-batch (needed), --model and the training flags (one for each TrainSpec "
+    "field: --remat, --microbatches, --opt-state-dtype, --pipeline-*, ...): MaxText's keys "
+    "carry them",
     "axlearn": "none of them: the export is the mesh alone",
     "flax": "none of them: the export is the mesh alone",
 }
 FORMAT_HELP = (
     "text (the report) or json, which read --global-batch for each host's rows; or an export "
-    "(docs/exports.md): maxtext, which needs --global-batch and takes --model and the recipe "
+    "(docs/exports.md): maxtext, which needs --global-batch and takes --model and the training "
     "flags (MaxText's keys carry them), axlearn or flax, the mesh alone (no --global-batch or "
     "workload flag, except with --strategy auto, which reads them to choose the mesh)"
 )
@@ -39,23 +40,10 @@ FORMAT_HELP = (
 def refuse_unread_flags(args: argparse.Namespace) -> None:
     """`plan` reads the workload flags (and, for AXLearn and Flax, --global-batch) only where
     something uses them: given otherwise, say what the format reads."""
-    given = [
-        flag
-        for flag, value, default in (
-            ("--model", args.model, None),
-            ("--remat", args.remat, None),
-            ("--microbatches", args.microbatches, None),
-            ("--logits-chunks", args.logits_chunks, None),
-            ("--moe", args.moe, None),
-            ("--attention", args.attention, "flash"),
-            ("--fact", args.facts, []),
-            ("--pipeline-microbatches", args.pipeline_microbatches, None),
-            ("--pipeline-repeats", args.pipeline_repeats, None),
-            ("--pipeline-layers", args.pipeline_layers, None),
-            ("--pipeline-remat", args.pipeline_remat, None),
-        )
-        if value != default and (args.format != "maxtext" or flag == "--fact")
-    ]
+    maxtext = args.format == "maxtext"
+    given = ["--model"] * (args.model is not None and not maxtext)
+    given += [f"--{k.replace('_', '-')}" for k in given_fields(args) if not maxtext]
+    given += ["--fact"] * bool(args.facts)
     if args.format in ("axlearn", "flax") and args.global_batch is not None:
         given.append("--global-batch")
     if given:
@@ -67,15 +55,14 @@ def refuse_unread_flags(args: argparse.Namespace) -> None:
         )
 
 
-def train_from_args(args: argparse.Namespace) -> tuple[TrainSpec, ModelSpec | None]:
-    """The recipe MaxText's keys carry: `--strategy auto`'s winner where it chose one, else the
-    flags (--global-batch, --remat, --microbatches, --logits-chunks, --attention, --moe, and the
-    --pipeline-* fields); the model from --model, if given."""
-    from ..workload.spec import ModelSpec, TrainSpec, parse_remat
-    from .cost import stages
+def maxtext_train(
+    args: argparse.Namespace, chosen: TrainSpec | None
+) -> tuple[TrainSpec, ModelSpec | None]:
+    """The recipe MaxText's keys carry: `--strategy auto`'s winner where it chose one
+    (`chosen`), else the flags' TrainSpec; the model from --model, if given."""
+    from ..workload.spec import ModelSpec
 
     model = None if args.model is None else ModelSpec.from_name(args.model)
-    chosen = getattr(args, "chosen_train", None)
     if chosen is not None:
         return chosen, model
     if args.global_batch is None:
@@ -83,20 +70,13 @@ def train_from_args(args: argparse.Namespace) -> tuple[TrainSpec, ModelSpec | No
             "--format maxtext needs --global-batch N (MaxText's per_device_batch_size and "
             "gradient_accumulation_steps come from it)"
         )
-    recipe: dict[str, Any] = {
-        "remat": None if args.remat is None else parse_remat(args.remat),
-        "microbatches": getattr(args, "microbatches", None),
-        "logits_chunks": getattr(args, "logits_chunks", None),
-        "moe": getattr(args, "moe", None),
-    }
-    given = {k: v for k, v in recipe.items() if v is not None} | stages(args)
-    return TrainSpec(global_batch=args.global_batch, attention=args.attention, **given), model
+    return train_from_args(args), model
 
 
-def export_command(args: argparse.Namespace, plan: MeshPlan) -> int:
-    """Print the export `args.format` names."""
+def export_command(args: argparse.Namespace, plan: MeshPlan, chosen: TrainSpec | None) -> int:
+    """Print the export `args.format` names (`chosen`: `--strategy auto`'s recipe)."""
     if args.format == "maxtext":
-        train, model = train_from_args(args)
+        train, model = maxtext_train(args, chosen)
         print(plan.to_maxtext(train, model=model).text())
     elif args.format == "axlearn":
         print(plan.to_axlearn().text())

@@ -20,14 +20,17 @@ from .args import (
     Parser,
     UsageError,
     config_from_args,
+    given_fields,
     plan_with_notes,
     print_json,
+    workload_flags,
 )
 from .export import EXPORT_FORMATS, FORMAT_HELP, refuse_unread_flags
 
 if TYPE_CHECKING:
     from ..cost import Ranking
     from ..plan import MeshPlan
+    from ..workload import TrainSpec
 
 PROG = "loadax-mesh"
 CATALOGUE_HELP = (
@@ -73,8 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
             formats = ["text", "json", *(EXPORT_FORMATS if name == "plan" else ())]
             help_ = FORMAT_HELP if name == "plan" else None
             command.add_argument("--format", default="text", choices=formats, help=help_)
-    from .compile import WORKLOAD_FLAGS
-
+    workload = workload_flags()  # --model, a flag for each TrainSpec field, --fact
     for name in ("plan", "compile", "estimate"):
         command = sub.choices[name]
         command.add_argument(
@@ -85,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tpu-v5litepod-256-4, gpu-p5.48xlarge-256, cpu-2x4 (`loadax-mesh hardware`)",
         )
         picture = PICTURE_FLAGS if name == "plan" else {}
-        for flag, (options, text) in {**PLAN_FLAGS, **WORKLOAD_FLAGS, **picture}.items():
+        for flag, (options, text) in {**PLAN_FLAGS, **workload, **picture}.items():
             command.add_argument(flag, **options, help=text)
     from .replan import add_parser as add_replan
 
@@ -133,7 +135,7 @@ def _error(message: str) -> None:
 
 def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | None]:
     """The plan the flags describe, the notes that explain it, and (`--strategy auto`) the
-    ranking its shape won."""
+    ranking its shape won, whose first choice's `train` is the recipe it won with."""
     devices, selector = _devices(args)
     ranking = None
     if args.strategy == "auto":
@@ -161,9 +163,8 @@ def _refuse_unread_stages(args: argparse.Namespace, plan: MeshPlan) -> None:
     """The --pipeline-* flags are read only where the plan has a pipeline axis larger than 1:
     given for a plan without one, they would change nothing (a UsageError saying so)."""
     from ..workload.layout import PIPELINE_NAMES
-    from .cost import stages
 
-    given = [f"--{k.replace('_', '-')}" for k in stages(args)]
+    given = [f"--{k.replace('_', '-')}" for k in given_fields(args) if k.startswith("pipeline_")]
     if given and not any(plan.shape.get(a, 1) > 1 for a in PIPELINE_NAMES):
         shape = " x ".join(f"{a}={n}" for a, n in plan.shape.items())
         raise UsageError(
@@ -185,7 +186,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.format in EXPORT_FORMATS:
         from .export import export_command
 
-        return export_command(args, plan)
+        return export_command(args, plan, _chosen(ranking))
     from ..view import picture, report
 
     rows = None if args.global_batch is None else report.host_rows(plan, args.global_batch)
@@ -260,18 +261,23 @@ def _device_notes(devices: Any) -> list[str]:
     return notes + ([f"differs from the real machine: {difference}"] if difference else [])
 
 
+def _chosen(ranking: Ranking | None) -> TrainSpec | None:
+    """`--strategy auto`'s recipe: the winner's (None: the flags say it)."""
+    return None if ranking is None else ranking[0].train
+
+
 def _cmd_compile(args: argparse.Namespace) -> int:
     from .compile import compile_command
 
-    plan, notes, _ = _planned(args)
-    return compile_command(args, plan, notes)
+    plan, notes, ranking = _planned(args)
+    return compile_command(args, plan, notes, _chosen(ranking))
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
     from .cost import estimate_command
 
-    plan, notes, _ = _planned(args)
-    return estimate_command(args, plan, notes)
+    plan, notes, ranking = _planned(args)
+    return estimate_command(args, plan, notes, _chosen(ranking))
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

@@ -17,6 +17,18 @@ from .gpu_targets import device_hbm, gpu_pool_fraction
 from .strings import HardwareSpec, parse_hardware
 from .traits import Platform, PlatformTraits, platform_traits
 
+# The catalogue's name of a DeviceFacts field on a platform where it is not the field's own
+# (what _device_facts reads it from)
+CATALOGUE_NAMES = {
+    "tpu": {"ici_bandwidth": "ici_link_bandwidth"},
+    "gpu": {
+        "ici_bandwidth": "nvlink_bandwidth",
+        "ici_latency": "nvlink_latency",
+        "dcn_bandwidth": "network_per_gpu",
+        "dcn_latency": "network_latency",
+    },
+}
+
 
 @dataclass(frozen=True)
 class DeviceFacts:
@@ -49,15 +61,16 @@ class DeviceFacts:
         return self.traits.platform
 
     def need(self, name: str) -> float:
-        """A fact the estimate needs: its value, or an error naming what is missing."""
+        """A fact the estimate needs: its value, or an error naming what is missing by the
+        catalogue's name of it on this platform (`nvlink_latency` for a GPU's ici_latency)."""
         value = getattr(self, name)
         if value is None:
+            fact = CATALOGUE_NAMES.get(self.platform, {}).get(name, name)
             raise MeshConfigError(
-                f"hardware={self.hardware!r}: the catalogue has no {name.replace('_', ' ')} "
-                "(configs/hardware.toml), which this estimate needs; accepted: hardware whose "
-                "entry has it (`loadax-mesh hardware`), or the fact given for the run "
-                "(--fact NAME=VALUE, facts={...}; its catalogue name per platform: "
-                "hardware/given.py)"
+                f"hardware={self.hardware!r}: the catalogue has no {fact} for it, which this "
+                "estimate needs; accepted: hardware whose entry has it (`loadax-mesh "
+                f"hardware`), or the fact given for the run (--fact {fact}=VALUE, or "
+                f"facts={{{fact!r}: ...}})"
             )
         return float(value)
 

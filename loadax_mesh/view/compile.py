@@ -50,7 +50,7 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
             )
     lines.append(f"memory     {size_text(report.total_bytes)} per device{_judged(report)}")
     if report.hbm_bytes is not None and report.profile and report.profile.traits.preallocated_pool:
-        lines.append("           " + _gpu_pool(report.hbm_bytes))
+        lines.append("           " + gpu_pool_text(report.hbm_bytes))
     if report.assigned_bytes is not None:
         lines.append(
             f"           libtpu assigns {size_text(report.assigned_bytes)} (arguments and its "
@@ -126,7 +126,8 @@ def _judged(report: CompileReport) -> str:
     return ": not judged (the catalogue gives no HBM for this hardware)"
 
 
-def _gpu_pool(usable: int) -> str:
+def gpu_pool_text(usable: float) -> str:
+    """Where a GPU's usable memory comes from: the share of it jax's client preallocates."""
     from ..hardware.gpu_targets import gpu_pool_fraction
 
     fraction, where = gpu_pool_fraction()

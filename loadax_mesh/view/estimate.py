@@ -7,15 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..cost.band import DOES_NOT_FIT, FITS, UNSURE, memory_band
 from ..hardware.given import GIVEN
+from .compile import gpu_pool_text
 from .picture import shape_text
 from .report import size_text, text_table
 from .stages import pipeline_lines
 
 if TYPE_CHECKING:
-    from ..cost import Estimate, Ranking
+    from ..cost.estimate import Estimate
+    from .ranked import RankingView
 
 
-def auto_note(ranking: Ranking, searched: list[str]) -> str:
+def auto_note(ranking: RankingView, searched: list[str]) -> str:
     """The note under a plan that `--strategy auto` chose: how many meshes, which recipe flags
     were searched (not given), and the winner's recipe as the command line writes it."""
     what = f" and recipes ({', '.join(searched)} searched)" if searched else ""
@@ -34,7 +36,7 @@ def auto_note(ranking: Ranking, searched: list[str]) -> str:
     )
 
 
-def ranking_text(ranking: Ranking) -> str:
+def ranking_text(ranking: RankingView) -> str:
     """The ranking as a table: shape, ICI x DCN, memory against HBM, step time, MFU."""
     header = ["", "mesh", "ici x dcn", "recipe", "memory", "host", "step", "MFU", "bottleneck"]
     rows: list[list[Any]] = [header]
@@ -50,7 +52,7 @@ def ranking_text(ranking: Ranking) -> str:
                 + (f" {e.moe}" if e.moe else "")
                 + _stages(e),
                 f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB"
-                + " (?)" * c.beyond_headroom,
+                + (" (?)" if c.beyond_headroom else " (~)" * (e.verdict == UNSURE)),
                 f"{e.host_bytes / 1e9:.1f} GB" if e.host_bytes else "-",
                 f"{e.step_seconds:.3f} s" + " (if)" * bool(e.assumes),
                 f"{e.mfu:.2f}",
@@ -70,6 +72,21 @@ def ranking_text(ranking: Ranking) -> str:
             "(?) memory over the headroom's limit but within the model's error of fitting: "
             "ranked last, compile to confirm"
         )
+    # within the headroom, but not sure to fit: the estimate's verdict (its JSON's) is UNSURE
+    unsure = [
+        str(k)
+        for k, c in enumerate(ranking, 1)
+        if c.estimate.verdict == UNSURE and not c.beyond_headroom
+    ]
+    if unsure:
+        band = memory_band(ranking[0].estimate.profile.platform)
+        error = f": {band.text()}," if band is not None else ""
+        marks.append(
+            f"(~) {', '.join(unsure)}. memory within the model's error{error} so the compiled "
+            "step may not fit: compile to confirm"
+        )
+    if len(ranking) and ranking[0].estimate.profile.traits.preallocated_pool:
+        marks.append(f"memory of a GPU, {gpu_pool_text(ranking[0].estimate.hbm_bytes)}")
     conditions: dict[str, list[str]] = {}  # a condition, without its step -> its rows
     for k, c in enumerate(ranking, 1):
         for a in c.estimate.assumes:
@@ -95,7 +112,19 @@ def _stages(e: Estimate) -> str:
     return "" if p is None else f" pp{p.stages} M{p.microbatches} R{p.repeats}"
 
 
-def ranking_data(ranking: Ranking) -> dict[str, Any]:
+def _compute_rates(e: Estimate) -> str:
+    """What the compute time is priced at (cost/timing/step.py): matmuls and attention kernels at
+    the chip's measured shares of its peak where the catalogue has them, else at the calibrated
+    share (configs/calibration.toml); memory-bound operations at HBM bandwidth (the measured
+    share of it, where the catalogue has one)."""
+    d = e.profile.device
+    if d is not None and d.matmul_share is not None:
+        hbm = " and of HBM bandwidth" if d.memory_share is not None else ""
+        return f"at the chip's measured shares of its peak{hbm}"
+    return "at the calibrated share of the peak (memory-bound operations at HBM bandwidth)"
+
+
+def ranking_data(ranking: RankingView) -> dict[str, Any]:
     """The ranking as JSON data: the search's counts and each choice's estimate."""
     return {
         "considered": ranking.considered,
@@ -134,6 +163,11 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
         "",
         f"memory     {size_text(e.memory_bytes)} per device of {size_text(e.hbm_bytes)}, host "
         f"{size_text(e.host_bytes)} of {host}: {verdict}",
+        *(
+            [f"           {gpu_pool_text(e.hbm_bytes)}"]
+            if e.profile.traits.preallocated_pool
+            else []
+        ),
         *([f"           ({band.text()})"] if band is not None and e.verdict != FITS else []),
         *([f"confirm    {e.confirm}"] if e.confirm else []),
         "           "
@@ -141,7 +175,7 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
         + f" (live at the peak: the {max(e.phases, key=lambda p: e.phases[p])})",
         "           phases: " + ", ".join(f"{k} {size_text(v)}" for k, v in e.phases.items()),
         f"compute    {e.flops:.3e} FLOPs a device ({e.recompute_flops:.3e} recomputed), "
-        f"{e.compute_seconds * 1e3:.1f} ms at peak",
+        f"{e.compute_seconds * 1e3:.1f} ms {_compute_rates(e)}",
     ]
     if e.pipeline is not None:
         p, a = e.pipeline, e.axes.get(e.pipeline.axis)

@@ -19,13 +19,14 @@ from .picture import shape_text
 from .report import size_text
 
 if TYPE_CHECKING:
-    from ..cost import Choice, Estimate, Ranking
+    from ..cost.estimate import Estimate
     from ..cost.parts.traffic import Collective
+    from .ranked import ChoiceView, RankingView
 
 PERMUTES = "collective-permute"
 
 
-def pipeline_lines(ranking: Ranking) -> list[str]:
+def pipeline_lines(ranking: RankingView) -> list[str]:
     """The ranking's pipeline notes: the degrees searched by default, the fastest mesh with a
     pipeline and the fastest without, each's terms, and why the pipeline wins or loses."""
     out = []
@@ -116,7 +117,7 @@ def _dcn_axes(e: Estimate) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _place(ranking: Ranking, choice: Choice) -> str:
+def _place(ranking: RankingView, choice: ChoiceView) -> str:
     """Where a choice ranks, e.g. "3." (or "(not in the top)")."""
     for k, c in enumerate(ranking, 1):
         if c is choice:

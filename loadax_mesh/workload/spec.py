@@ -4,17 +4,24 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from itertools import pairwise
+from typing import Any, Literal, get_args
 
 from ..errors import MeshConfigError
 from .model import ModelSpec as ModelSpec
 from .model import _count, _positive
 from .model import list_models as list_models
 
-DTYPES = ("float32", "bfloat16")
+# The choices of TrainSpec's fields, each written once: the Literal its field is typed with,
+# and the tuple of its values that the checks and the command line read.
+Dtype = Literal["float32", "bfloat16"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
 # The named tensors of a layer a remat policy places, and where each may go.
 TENSORS = (
     "layer_input",
@@ -44,13 +51,17 @@ REMAT = tuple(POLICIES)
 # unnamed intermediate (norms, rotated q and k, the gated product); "dots_attention" (every
 # named tensor on the device) recomputes those.
 _SAME_STEP = ("full", "dots", "dots_attention", "offload")
-ATTENTION = ("flash", "plain")
+Attention = Literal["flash", "plain"]
+ATTENTION: tuple[str, ...] = get_args(Attention)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-# How a step runs MoE layers (TrainSpec).
-MOE = ("dropless", "capacity")
-ROUTING = ("learned", "balanced")
+# How a step runs MoE layers (TrainSpec.moe, TrainSpec.routing).
+MoePath = Literal["dropless", "capacity"]
+MOE: tuple[str, ...] = get_args(MoePath)
+Routing = Literal["learned", "balanced"]
+ROUTING: tuple[str, ...] = get_args(Routing)
 # Where a pipelined step checkpoints (TrainSpec.pipeline_remat).
-PIPELINE_REMAT = ("layer", "iteration")
+PipelineRemat = Literal["layer", "iteration"]
+PIPELINE_REMAT: tuple[str, ...] = get_args(PipelineRemat)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -108,64 +119,78 @@ def _placements(remat: Any) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSpec:
-    """How a step trains: the global batch (sequences), dtypes, attention and the recipe
-    (remat placement, micro-batches, logits chunks).
-
-    Parameters are kept in `param_dtype` and computed in `compute_dtype`; Adam's two moments are
-    kept in `opt_state_dtype`. `attention`: "flash" is jax's splash kernel on TPU and
-    `jax.nn.dot_product_attention` elsewhere (cuDNN on GPU); "plain" writes the score matrix
-    out in XLA.
-
-    `remat` places each named tensor of a layer (TENSORS) for the backward pass: "recompute",
-    "device" (saved in HBM) or "offload" (saved in host memory). A policy name is a shorthand:
-    "full" saves only the layer input, "dots" also the matmul outputs, "dots_attention" also
-    the attention's output (every named tensor), "none" everything (no checkpoint), "offload"
-    the layer input in host memory. A mapping names some tensors (the rest are
-    recomputed, the layer input kept on the device) and is stored as the policy name it equals
-    (except "none", which checkpoints nothing, unnamed intermediates included), or else as
-    (tensor, placement) pairs for every tensor. `microbatches`: gradient
-    accumulation, the step's batch run in that many sequential slices, gradients summed.
-    `logits_chunks`: the loss computed over that many slices of the tokens, so the
-    [tokens, vocab] logits never exist whole.
-
-    MoE layers (a model with experts): `moe` "dropless" gives every expert all the tokens
-    routed to it; "capacity" gives each at most `capacity_factor` times its even share and
-    drops the rest. `routing` "learned" follows the router; "balanced" spreads tokens evenly
-    over the experts, as published MoE benchmark runs force it.
-
-    Pipeline stages (a mesh axis named `pipeline`, docs/design.md section 12):
-    `pipeline_microbatches` micro-batches flow through the stages (0: as many as stages);
-    `pipeline_repeats` 1 is GPipe, more is the circular schedule (each stage holds that many
-    non-adjacent chunks of layers: MaxText's num_pipeline_repeats, Megatron's virtual stages);
-    `pipeline_layers` how many of the last decoder layers are pipelined (0: every one), the
-    layers before them run with the pipeline axis acting as data; `pipeline_remat` where the
-    stages checkpoint under `remat`: "layer" each layer (a layer's backward pass holds one
-    layer's recomputed intermediates), "iteration" one checkpoint around a stage's chunk of
-    layers an iteration, each layer's input saved (MaxText's pipeline: the backward pass of
-    a chunk holds all its layers' intermediates at once). All four are read only on a mesh
-    whose pipeline axis is larger than 1 (`layout.check_fit` checks them there).
+    """How a step trains: the global batch, dtypes, attention and the recipe (remat placement,
+    micro-batches, logits chunks, the MoE path, the pipeline's schedule). Each field's text says
+    what it is, its unit and the values it takes; the command line has a flag for each, the
+    field's name with dashes for underscores.
 
     Raises:
         MeshConfigError: when built with an invalid field (a batch that is not a positive int,
-            an unknown dtype, remat policy, tensor or placement, MoE option, ...).
+            an unknown dtype, remat policy, tensor or placement, MoE option, ...), naming the
+            field, the value and what is accepted.
     """
 
     global_batch: int
-    param_dtype: str = "float32"
-    compute_dtype: str = "bfloat16"
-    opt_state_dtype: str = "float32"
+    """Sequences per step over the whole job (each of the model's `seq_len` tokens); a
+    positive integer."""
+    param_dtype: Dtype = "float32"
+    """The dtype the parameters are kept in, float32 or bfloat16."""
+    compute_dtype: Dtype = "bfloat16"
+    """The dtype the step computes in (parameters cast to it, activations held in it),
+    float32 or bfloat16."""
+    opt_state_dtype: Dtype = "float32"
+    """The dtype of Adam's two moments, float32 or bfloat16 (half the optimizer's memory)."""
     remat: str | tuple[tuple[str, str], ...] = "full"
-    attention: str = "flash"
+    """Where the backward pass finds each named tensor of a layer (TENSORS), each one
+    "recompute", "device" (saved in HBM) or "offload" (saved in host memory). A policy name is
+    a shorthand: "full" saves only the layer input, "dots" also the matmul outputs,
+    "dots_attention" also the attention's output (every named tensor), "none" everything (no
+    checkpoint), "offload" the layer input in host memory. A mapping names some tensors (the
+    rest recomputed, the layer input kept on the device) and is stored as the policy name it
+    equals (except "none", which checkpoints nothing, unnamed intermediates included), or
+    else as (tensor, placement) pairs for every tensor."""
+    attention: Attention = "flash"
+    """How attention runs, "flash" or "plain". "flash" is jax's splash kernel on TPU and
+    `jax.nn.dot_product_attention` elsewhere (cuDNN on GPU); "plain" writes the score matrix
+    out in XLA."""
     learning_rate: float = 1e-3
+    """Adam's step size (bias-corrected); a positive float. The cost model does not read it."""
     microbatches: int = 1
+    """Gradient accumulation, the step's batch run in that many sequential slices with the
+    gradients summed; a positive integer that divides `global_batch`."""
     logits_chunks: int = 1
-    moe: str = "dropless"
+    """The loss computed over that many slices of the tokens, so the [tokens, vocab] logits
+    never exist whole; a positive integer."""
+    moe: MoePath = "dropless"
+    """How a model with experts runs its MoE layers, "dropless" or "capacity". "dropless"
+    gives every expert all the tokens routed to it; "capacity" gives each at most
+    `capacity_factor` times its even share and drops the rest. Not read for a model without
+    experts."""
     capacity_factor: float = 1.25
-    routing: str = "learned"
+    """Under moe="capacity", an expert's capacity over its even share of the token copies; a
+    positive finite number."""
+    routing: Routing = "learned"
+    """Which experts a token goes to, "learned" or "balanced". "learned" follows the router;
+    "balanced" spreads tokens evenly over the experts, as published MoE benchmark runs force
+    it."""
     pipeline_microbatches: int = 0
+    """On a mesh with a pipeline axis, the micro-batches that flow through its stages; a
+    non-negative integer, 0 for as many as stages (docs/design.md section 12)."""
     pipeline_repeats: int = 1
+    """On a mesh with a pipeline axis, the chunks of layers each stage holds, not adjacent; a
+    positive integer, 1 for GPipe, more for the circular schedule (MaxText's
+    num_pipeline_repeats, Megatron's virtual stages)."""
     pipeline_layers: int = 0
-    pipeline_remat: str = "layer"
+    """On a mesh with a pipeline axis, how many of the last decoder layers are pipelined (the
+    layers before them run with the pipeline axis acting as data); a non-negative integer, 0
+    for every layer."""
+    pipeline_remat: PipelineRemat = "layer"
+    """On a mesh with a pipeline axis, where the stages checkpoint under `remat`, "layer" or
+    "iteration". "layer" checkpoints each layer (a layer's backward pass holds one layer's
+    recomputed intermediates), "iteration" a stage's chunk of layers an iteration, each
+    layer's input saved (MaxText's pipeline: the backward pass of a chunk holds all its
+    layers' intermediates at once). The four pipeline fields are read only on a mesh whose
+    pipeline axis is larger than 1 (`layout.check_fit` checks them there)."""
 
     def __post_init__(self) -> None:
         _positive(self.global_batch, "global_batch")
@@ -223,3 +248,17 @@ class TrainSpec:
             return self.remat
         full = POLICIES["full"]
         return ",".join(f"{t}={p}" for t, p in self.remat if full[t] != p)
+
+
+@cache
+def field_docs() -> dict[str, str]:
+    """Each TrainSpec field's docstring (the string under it, which Sphinx shows), on one line:
+    what the command line's flag for the field says."""
+    tree = ast.parse(inspect.getsource(TrainSpec))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, after in pairwise(body):
+        named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if named and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs

@@ -221,7 +221,7 @@ def test_a_batch_smaller_than_every_data_parallel_degree():
 
 def test_missing_catalogue_facts_are_named():
     plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v2-32"))
-    with pytest.raises(MeshConfigError, match="the catalogue has no ici bandwidth"):
+    with pytest.raises(MeshConfigError, match="the catalogue has no ici_link_bandwidth for it"):
         estimate(plan, SMALL, TrainSpec(global_batch=32))
     with pytest.raises(MeshConfigError, match="preset 'auto' needs hardware="):
         MeshConfig.from_preset("auto", model="tiny")

@@ -56,7 +56,7 @@ def test_copies_that_wait_need_the_fact_itself():
     train = TrainSpec(global_batch=8, remat="offload")
     model = ModelSpec.from_name("llama3-8b")
     unknown = replace(facts, host_link_bandwidth=None)
-    with pytest.raises(MeshConfigError, match=r"host link bandwidth.*--fact"):
+    with pytest.raises(MeshConfigError, match=r"no host_link_bandwidth.*--fact host_link"):
         estimate_parts(model, train, r, factors, efficiency, unknown)
 
 

@@ -34,11 +34,11 @@ def test_the_variable_a_user_sets_sizes_the_pool(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_report_says_which_value_was_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    from loadax_mesh.view.compile import _gpu_pool
+    from loadax_mesh.view.compile import gpu_pool_text
 
     monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.9")
-    assert "0.9 of the" in _gpu_pool(int(0.9 * device_memory(H100)))
-    assert "(XLA_CLIENT_MEM_FRACTION=0.9)" in _gpu_pool(int(0.9 * device_memory(H100)))
+    assert "0.9 of the" in gpu_pool_text(int(0.9 * device_memory(H100)))
+    assert "(XLA_CLIENT_MEM_FRACTION=0.9)" in gpu_pool_text(int(0.9 * device_memory(H100)))
 
 
 @pytest.mark.parametrize(

@@ -99,6 +99,20 @@ def test_the_cli_flag_lists_where_entries_come_from(capsys):
     assert "unknown GPU instance type" in capsys.readouterr().err
 
 
+def test_a_missing_fact_is_named_as_the_catalogue_names_it(tmp_path, capsys):
+    lines = [x for x in ENTRY.splitlines() if not x.startswith("nvlink_latency")]
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    argv = ["estimate", "gpu-our-dgx-h100-32", "--strategy", "fsdp", "--model", "llama3-8b"]
+    argv += ["--global-batch", "32", "--catalogue", path]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the catalogue has no nvlink_latency for it" in err, err
+    assert "--fact nvlink_latency=VALUE" in err
+    assert "ici" not in err and ".py" not in err and ".toml" not in err  # the GPU's word, no source
+    assert main([*argv, "--fact", "nvlink_latency=1us"]) == 0, capsys.readouterr().err
+    assert "nvlink_latency = 1 us (given by the user)" in capsys.readouterr().out
+
+
 def test_detection_names_the_users_types(tmp_path):
     new_kind = ENTRY.replace(
         "NVIDIA H100 80GB HBM3", "NVIDIA RTX PRO 6000 Blackwell Server Edition"

@@ -1,9 +1,23 @@
-"""TrainSpec's recipe fields: remat placements, micro-batches, logits chunks (no jax)."""
+"""TrainSpec's recipe fields (remat placements, micro-batches, logits chunks), its choice
+fields' types and its fields' docstrings (no jax)."""
+
+from dataclasses import fields
+from typing import Literal, get_args, get_origin, get_type_hints
 
 import pytest
 
 from loadax_mesh import MeshConfigError, TrainSpec
-from loadax_mesh.workload.spec import POLICIES, TENSORS, parse_remat
+from loadax_mesh.workload.spec import (
+    ATTENTION,
+    DTYPES,
+    MOE,
+    PIPELINE_REMAT,
+    POLICIES,
+    ROUTING,
+    TENSORS,
+    field_docs,
+    parse_remat,
+)
 
 
 def test_a_mapping_names_some_tensors_and_the_rest_follow_full_remat() -> None:
@@ -60,3 +74,28 @@ def test_the_command_line_form() -> None:
 def test_bad_recipe_fields(kwargs: dict, message: str) -> None:
     with pytest.raises(MeshConfigError, match=message):
         TrainSpec(global_batch=8, **kwargs)
+
+
+def test_every_choice_field_is_typed_with_its_choices_and_every_field_documented() -> None:
+    hints = get_type_hints(TrainSpec)
+    choices = {
+        "param_dtype": DTYPES,
+        "compute_dtype": DTYPES,
+        "opt_state_dtype": DTYPES,
+        "attention": ATTENTION,
+        "moe": MOE,
+        "routing": ROUTING,
+        "pipeline_remat": PIPELINE_REMAT,
+    }
+    literal = {f.name for f in fields(TrainSpec) if get_origin(hints[f.name]) is Literal}
+    assert literal == set(choices)
+    for name, accepted in choices.items():
+        assert get_args(hints[name]) == accepted, name
+        default = getattr(TrainSpec(global_batch=8), name)
+        assert default in accepted
+        with pytest.raises(MeshConfigError, match=f"{name}='x'; accepted: {', '.join(accepted)}"):
+            TrainSpec(global_batch=8, **{name: "x"})
+    docs = field_docs()
+    assert set(docs) == {f.name for f in fields(TrainSpec)}  # a field without a docstring fails
+    assert all(len(text) > 20 and "\n" not in text for text in docs.values())
+    assert "bfloat16" in docs["opt_state_dtype"] and "non-negative" in docs["pipeline_layers"]

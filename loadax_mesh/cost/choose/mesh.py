@@ -97,6 +97,12 @@ class Ranking(list[Choice]):
         self.without_pipeline: Choice | None = None
         self.device: DeviceFacts | None = None  # the facts the search priced with
 
+    def __str__(self) -> str:
+        """The ranking as text, as `loadax-mesh plan --strategy auto` prints it."""
+        from ...view.estimate import ranking_text  # the view stands above: imported when asked
+
+        return ranking_text(self)
+
 
 def choose_mesh(
     hardware: str,

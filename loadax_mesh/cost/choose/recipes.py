@@ -17,7 +17,7 @@ from typing import Any
 from ...errors import MeshConfigError
 from ...hardware.profile import DeviceFacts
 from ...workload.layout import Roles, check_fit, stages_of
-from ...workload.spec import ModelSpec, TrainSpec
+from ...workload.spec import ModelSpec, MoePath, TrainSpec
 from ..band import memory_band
 from ..memory.terms import host_bytes, memory_floor, memory_terms, phases
 from ..pipeline.memory import pipeline_memory_terms
@@ -59,7 +59,7 @@ class Recipe:
 
 def recipe_space(
     train: TrainSpec, rows: int, wanted: list[dict[str, Any]]
-) -> Iterator[tuple[str, Remat, int, list[int], Pipe]]:
+) -> Iterator[tuple[MoePath, Remat, int, list[int], Pipe]]:
     """The recipes to try for a mesh whose replicas each hold `rows` sequences: per MoE path,
     remat and chunk count (the search's order), the micro-batch counts in increasing order
     (the caller keeps the fewest that fit), and the pipeline's (micro-batches, repeats) as the
@@ -166,7 +166,7 @@ def fitting_recipes(
         return pipeline_memory_terms(model, t, r, st, facts, replicas_across_granules=across)
 
     def fewest(
-        path: str, remat: Remat, c: int, micro: list[int], pipe: Pipe, at: float
+        path: MoePath, remat: Remat, c: int, micro: list[int], pipe: Pipe, at: float
     ) -> Recipe | None:
         """The recipe with the fewest micro-batches whose peak is within `at`, by bisection."""
         lo, hi, found = 0, len(micro) - 1, None
@@ -181,12 +181,12 @@ def fitting_recipes(
         return found
 
     # (path, remat, C, M, pipe) found, however the remat is spelt
-    seen: set[tuple[str, Remat, int, int, Pipe]] = set()
+    seen: set[tuple[MoePath, Remat, int, int, Pipe]] = set()
     # (path, remat, M, pipe) -> TrainSpec at C = 1
-    made: dict[tuple[str, Remat, int, Pipe], TrainSpec] = {}
+    made: dict[tuple[MoePath, Remat, int, Pipe], TrainSpec] = {}
     chunks_ok: dict[int, bool] = {}  # whether C chunks divide a device's tokens
 
-    def spec(path: str, remat: Remat, m: int, pipe: Pipe = (0, 1)) -> TrainSpec:
+    def spec(path: MoePath, remat: Remat, m: int, pipe: Pipe = (0, 1)) -> TrainSpec:
         key = (path, remat, m, pipe)
         if key not in made:
             pm, pr = pipe
