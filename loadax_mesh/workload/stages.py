@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import MeshConfigError
-from .spec import ModelSpec, TrainSpec
+from .spec import ModelSpec, PipelineRemat, TrainSpec
 
 Shapes = dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]
 
@@ -42,7 +42,7 @@ class Stages:
     stack: str
     lead_dense: int
     lead_moe: int
-    remat: str = "layer"
+    remat: PipelineRemat = "layer"
 
     @property
     def per_chunk(self) -> int:
