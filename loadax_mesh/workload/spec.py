@@ -62,6 +62,9 @@ ROUTING: tuple[str, ...] = get_args(Routing)
 # Where a pipelined step checkpoints (TrainSpec.pipeline_remat).
 PipelineRemat = Literal["layer", "iteration"]
 PIPELINE_REMAT: tuple[str, ...] = get_args(PipelineRemat)
+# The precision of the step's matmuls (TrainSpec.quantization).
+Quantization = Literal["none", "fp8", "int8"]
+QUANTIZATION: tuple[str, ...] = get_args(Quantization)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -153,6 +156,11 @@ class TrainSpec:
     """How attention runs, "flash" or "plain". "flash" is jax's splash kernel on TPU and
     `jax.nn.dot_product_attention` elsewhere (cuDNN on GPU); "plain" writes the score matrix
     out in XLA."""
+    quantization: Quantization = "none"
+    """The precision of the projections' and MLP matmuls (expert matmuls included), "none",
+    "fp8" or "int8". "none" runs them in `compute_dtype`; "fp8" with float8 operands (e4m3
+    forward, e5m2 gradients) and absmax scales, float32 accumulation; "int8" with int8
+    operands and scales, int32 accumulation. Attention stays in `compute_dtype`."""
     learning_rate: float = 1e-3
     """Adam's step size (bias-corrected); a positive float. The cost model does not read it."""
     microbatches: int = 1
@@ -223,6 +231,7 @@ class TrainSpec:
             ("moe", MOE),
             ("routing", ROUTING),
             ("pipeline_remat", PIPELINE_REMAT),
+            ("quantization", QUANTIZATION),
         ):
             if getattr(self, name) not in accepted:
                 raise MeshConfigError(
