@@ -88,7 +88,6 @@ def test_every_choice_field_is_typed_with_its_choices_and_every_field_documented
         "routing": ROUTING,
         "pipeline_remat": PIPELINE_REMAT,
         "quantization": QUANTIZATION,
-        "quantization": QUANTIZATION,
     }
     literal = {f.name for f in fields(TrainSpec) if get_origin(hints[f.name]) is Literal}
     assert literal == set(choices)
