@@ -1,11 +1,12 @@
 """`estimate(plan, model, train)`: memory, compute, collectives and step time per device.
 
-The step time is cost/timing/step.py's, term by term: matmuls (by shape) and attention kernels
-at the calibrated share of the peak, memory-bound operations at HBM bandwidth, collectives inside a
-granule hidden up to the compute where they overlap (FSDP gathers, gradient reductions, the
-tensor-parallel ones libtpu runs beside matmuls) and exposed where they feed the next operation
-(the other tensor-parallel gathers and reductions, sequence gathers), collectives across granules
-exposed, host-offload copies hidden behind their own pass.
+The step's cost is cost/step.py's `StepCost` (the plain or the pipelined step, decided once);
+this module sums its parts into the answer: the memory terms and their peak with the fit
+verdict, the collectives per mesh axis, the step time (cost/timing/step.py: matmuls and
+attention kernels at the calibrated share of the peak, memory-bound operations at HBM
+bandwidth, collectives inside a granule hidden up to the compute where they overlap and
+exposed where they feed the next operation, collectives across granules exposed), MFU and the
+bottleneck.
 """
 
 from __future__ import annotations
@@ -101,7 +102,6 @@ class Estimate:
         data["axes"] = {k: v.to_dict() for k, v in self.axes.items()}
         data["pipeline"] = None if self.pipeline is None else self.pipeline.to_dict()
         data["train"] = None if self.train is None else asdict(self.train)
-        data["train"] = None if self.train is None else asdict(self.train)
         data["profile"] = self.profile.platform
         return deepcopy({"platform" if k == "profile" else k: v for k, v in data.items()})
 
@@ -130,9 +130,8 @@ def estimate(
     Raises:
         MeshConfigError: hardware the catalogue does not know, a fact it lacks that the
             estimate cannot answer on a condition, a bad `facts` entry, a model, batch or
-            recipe that does not divide over the plan's axes, or pipeline stages beside what
-            cost/pipeline/stages.py does not price yet (MoE layers, an expert axis, offloaded
-            tensors).
+            recipe that does not divide over the plan's axes, or offloaded tensors beside
+            pipeline stages (not priced yet).
     """
     r, factors, efficiency, device = plan_parts(plan, facts)
     check_fit(model, train, r)
