@@ -1,6 +1,7 @@
 """`estimate(plan, model, train)`: memory, compute, collectives and step time per device.
 
-The step's cost is cost/step.py's `StepCost` (the plain or the pipelined step, decided once);
+The step's cost is cost/step.py's `PlainStep` interface (the plain or the pipelined step,
+decided once);
 this module sums its parts into the answer: the memory terms and their peak with the fit
 verdict, the collectives per mesh axis, the step time (cost/timing/step.py: matmuls and
 attention kernels at the calibrated share of the peak, memory-bound operations at HBM
@@ -26,7 +27,7 @@ from . import band as _band
 from .calibration import Calibrated
 from .conditions import host_conditions
 from .memory.terms import host_bytes, phases
-from .step import StepCost, step_cost
+from .step import PlainStep, step_cost
 from .timing.axes import AxisTraffic
 from .timing.step import StepTime
 
@@ -211,7 +212,7 @@ def waits(axes: dict[str, AxisTraffic]) -> tuple[float, float, float]:
 
 
 def _answer(
-    step: StepCost,
+    step: PlainStep,
     facts: DeviceFacts,
     factors: dict[str, tuple[int, int]],
     terms: dict[str, int],

@@ -1,12 +1,11 @@
 """The cost of one training step, as one interface with two implementations: the plain step
-and the pipelined one. `step_cost` decides which, once, from the recipe and the roles; the
-estimate and the chooser read only the interface (memory terms, FLOPs, collectives, the mesh
-axes' traffic, the step's seconds), never "is there a pipeline?" again."""
+and the pipelined one built from it. `step_cost` decides which, once, from the recipe and the
+roles; the estimate and the chooser read only the interface (memory terms, FLOPs, collectives,
+the mesh axes' traffic, the step's seconds), never "is there a pipeline?" again."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles
@@ -28,50 +27,7 @@ from .timing.step import StepTime, step_time
 Waits = tuple[float, float, float]
 
 
-class StepCost(Protocol):
-    """What a step costs on one device, part by part. `train` is the recipe as the step runs
-    it (`stages.resolved`); `pipeline` its stages (None: none)."""
-
-    @property
-    def model(self) -> ModelSpec: ...
-
-    @property
-    def train(self) -> TrainSpec: ...
-
-    @property
-    def roles(self) -> Roles: ...
-
-    @property
-    def pipeline(self) -> Stages | None: ...
-
-    def memory_terms(
-        self, device: DeviceFacts, *, replicas_across_granules: bool = False
-    ) -> dict[str, int]: ...
-
-    def flops(self, *, grouped: str) -> tuple[float, float, float]: ...
-
-    def collectives(self, *, overlapped: bool, regather: bool) -> list[Collective]: ...
-
-    def axes(
-        self,
-        found: list[Collective],
-        factors: dict[str, tuple[int, int]],
-        efficiency: dict[str, float],
-        priced: DeviceFacts,
-    ) -> dict[str, AxisTraffic]: ...
-
-    def time(
-        self,
-        facts: DeviceFacts,
-        waits: Waits,
-        calibrated: Calibrated,
-        *,
-        offload_bytes: float,
-        kept_bytes: float,
-    ) -> StepTime: ...
-
-
-def step_cost(model: ModelSpec, train: TrainSpec, roles: Roles) -> StepCost:
+def step_cost(model: ModelSpec, train: TrainSpec, roles: Roles) -> PlainStep:
     """The step on these roles: pipelined where the mesh has a pipeline axis larger than 1
     (its fields checked, `pipeline_of`), else plain."""
     st = pipeline_of(model, train, roles)
@@ -82,15 +38,17 @@ def step_cost(model: ModelSpec, train: TrainSpec, roles: Roles) -> StepCost:
 
 @dataclass(frozen=True)
 class PlainStep:
-    """Every layer on every device: memory/terms.py, parts/flops.py, parts/traffic.py and
-    timing/step.py as they are."""
+    """What a step costs on one device, part by part (the interface both steps answer): every
+    layer on every device, as memory/terms.py, parts/flops.py, parts/traffic.py and
+    timing/step.py price it. `train` is the recipe as the step runs it (`stages.resolved`),
+    `pipeline` its stages (None: none)."""
 
     model: ModelSpec
     train: TrainSpec
     roles: Roles
 
     @property
-    def pipeline(self) -> None:
+    def pipeline(self) -> Stages | None:
         return None
 
     def memory_terms(
@@ -145,17 +103,14 @@ class PlainStep:
 
 
 @dataclass(frozen=True)
-class PipelinedStep:
+class PipelinedStep(PlainStep):
     """The last layers as stages over the pipeline axis (`stages`), the rest of the step with
     that axis acting as data: cost/pipeline/ builds each part from the plain step's."""
 
-    model: ModelSpec
-    train: TrainSpec
-    roles: Roles
     stages: Stages
 
     @property
-    def pipeline(self) -> Stages:
+    def pipeline(self) -> Stages | None:
         return self.stages
 
     def memory_terms(
@@ -182,7 +137,7 @@ class PipelinedStep:
         efficiency: dict[str, float],
         priced: DeviceFacts,
     ) -> dict[str, AxisTraffic]:
-        out = axis_traffic(found, self.roles, factors, efficiency, priced)
+        out = super().axes(found, factors, efficiency, priced)
         axis = self.stages.axis
         (ici, dcn), link = factors[axis], efficiency.get(axis, 1.0)
         out[axis] = pipeline_axis(found, axis, ici, dcn, link, priced)
