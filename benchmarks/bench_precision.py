@@ -104,14 +104,14 @@ DONE_WHEN = [
 # The rows of the facts with a low precision that are not priced here, and why.
 NOT_PRICED = {
     "G6 Qwen3-30B-A3B FP8, 16 H100s (moe_runs.md 2d)": "no model in the catalogue",
-    "NeMo LLaMA2-7B 4k, 4 GPUs (low_precision.md section 4)": "4 GPUs are not whole DGX H100 hosts",
-    "NeMo LLAMA3-8B on DGX-B200, FP8 (low_precision.md section 4)": "in every row TP x PP x DP x CP is a "
-    "quarter of the GPU count: the layout is not recoverable",
-    "torchtitan Llama4 Scout MXFP8 on GB200 (low_precision.md section 3.1)": "mxfp8 on the routed experts "
-    "alone (TrainSpec.quantization quantizes every projection), and the node count and the "
-    "chip count of the source disagree",
-    "Megatron-Bridge DeepSeek-V3 FP8-MX on 256 GB300 / GB200 (low_precision.md section 3.1)": "GB300 is not "
-    "in the catalogue; the GB200 pair changes the pipeline with the precision",
+    "NeMo LLaMA2-7B 4k, 4 GPUs (low_precision.md 4)": "4 GPUs are not whole DGX H100 hosts",
+    "NeMo LLAMA3-8B on DGX-B200, FP8 (low_precision.md 4)": "in every row TP x PP x DP x CP "
+    "is a quarter of the GPU count: the layout is not recoverable",
+    "torchtitan Llama4 Scout MXFP8 on GB200 (low_precision.md 3.1)": "mxfp8 on the routed "
+    "experts alone (TrainSpec.quantization quantizes every projection), and the node count and "
+    "the chip count of the source disagree",
+    "Megatron-Bridge DeepSeek-V3 FP8-MX on 256 GB300 / GB200 (low_precision.md 3.1)": "GB300 "
+    "is not in the catalogue; the GB200 pair changes the pipeline with the precision",
     "GPT-3 175B int8 on v5p-1024": "not in docs/facts (production_runs.md has GPT-3 175B in "
     "bf16 on v6e-256 only)",
 }
