@@ -9,7 +9,9 @@ gathers and scatter-adds by row index move rows; cost/timing/moe.py), is fitted 
 with a logged step, and each run is judged with it fitted on the others (leave one out, a grid
 search of the squared relative errors). The dropping runs do not depend on it (their dispatch
 and combine are einsums, priced by shape). Rows without a logged step (an MFU statement) are
-printed, never fitted. Target (issue 34): every run with a logged step within 25%, and
+printed, never fitted; so is the quantized run (M3, int8: priced with its precision at the
+shipped calibrations, the `quantized_share` fitted on GPU fp8 runs, benchmarks/
+bench_precision.py). Target (issue 34): every run with a logged step within 25%, and
 estimated to fit. Beside the terms, each direction's host transfer of the offloaded
 activations and the forward pass it hides in (cost/timing/step.py: what exceeds the forward, or the
 rest of the step, is exposed).
@@ -61,6 +63,10 @@ class MoeRun:
     peak: float
     logged: float  # seconds
     stated: bool  # a logged step (else derived from an MFU statement)
+
+    @property
+    def quantized(self) -> bool:
+        return self.spec["train"].get("quantization", "none") != "none"
 
     def predict(self, share: float) -> Estimate:
         return estimate_parts(*self.parts, permute_share=share)
@@ -139,7 +145,7 @@ def chosen(runs: list[MoeRun]) -> tuple[list[str], list[list[str]]]:
     header = ["run", "published mesh; remat", "est step s", "chosen mesh; remat x micro [/chunks]",
               "est step s", "chosen/published", "search s"]  # fmt: skip
     cases = [(r.spec["name"], r.spec["hardware"], r.parts[0], TrainSpec(**r.spec["train"]),
-              r.spec["mesh"]) for r in runs]  # fmt: skip
+              r.spec["mesh"]) for r in runs if not r.quantized]  # fmt: skip
     cases.append((
         "Mixtral-8x22B v6e-256 (published recipe, no logged step used)", "tpu-v6e-256",
         ModelSpec.from_name("mixtral-8x22b"),
@@ -172,24 +178,28 @@ def main() -> None:
     start = time.perf_counter()
     runs = [load(spec) for spec in MOE_RUNS]
     table = np.array([[r.predict(s).step_seconds / r.logged - 1 for s in SHARES] for r in runs])
-    logged = np.array([r.stated for r in runs])
+    logged = np.array([r.stated and not r.quantized for r in runs])  # the fit set
+    shipped = permute_bandwidth("tpu")
     if args.fit:
         print(f"tpu: permute_bandwidth {fit(table, logged)} ({int(logged.sum())} runs)")
-    shipped = permute_bandwidth("tpu")
     header = [
         "run", "logged s", "predicted s (LOO)", "error", "share (LOO)", "at shipped",
         "MFU logged", "MFU pred", "verdict", "device GB est/HBM", "host GB", "matmul",
         "attention", "memory-bound", "hidden comm", "exposed", "offload", "host each way",
         "forward",
     ]  # fmt: skip
-    rows, within, fits, worst = [], 0, 0, 0.0
+    rows, within, fits, worst, quantized = [], 0, 0, 0.0, []
     for k, run in enumerate(runs):
         keep = logged.copy()
         keep[k] = False
-        share = fit(table, keep)
+        # a quantized run is judged at the shipped calibrations, never fitted on
+        share = shipped if run.quantized else fit(table, keep)
         e, t = run.predict(share), run.predict(share).time
         err = e.step_seconds / run.logged - 1
-        if run.stated:
+        if run.quantized:
+            quantized.append(f"{run.spec['name']}: {e.step_seconds:.3f} s against "
+                             f"{run.logged:.3f} s logged ({err:+.1%})")  # fmt: skip
+        if logged[k]:
             within += abs(err) <= 0.25
             fits += e.verdict != DOES_NOT_FIT
             worst = max(worst, abs(err))
@@ -211,6 +221,8 @@ def main() -> None:
         "within the model's error); shipped "
         f"permute_bandwidth {shipped}"
     )
+    for line in quantized:
+        print(f"quantized, not fitted on (benchmarks/bench_precision.py): {line}")
     for label, share in (("shipped permute_bandwidth", None), ("no permute limit", math.inf)):
         coarse, fine = fine_grained(share)
         print(

@@ -52,7 +52,7 @@ from loadax_mesh.workload import ModelSpec, TrainSpec
 # Assumptions many rows share, printed once under the table and named by tag in it.
 TAGS = {
     GRAND_TETON: "A1 grand-teton",
-    FP8: "A2 fp8-as-bf16",
+    FP8: "A2 fp8",
     GPIPE_1F1B: "A3 1f1b-as-gpipe",
     INTERLEAVED: "A4 interleaved-as-circular",
     TT_MICRO: "A5 tt-microbatches",

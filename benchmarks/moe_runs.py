@@ -85,6 +85,18 @@ _MIXTRAL_V6E = [
 ]  # fmt: skip
 
 MOE_RUNS: list[dict[str, Any]] = [_mixtral_v6e(*row) for row in _MIXTRAL_V6E]
+# M3: M2's recipe with MaxText's `quantization=int8` (AQT int8 matmuls at the time), the one
+# quantized MoE run with a logged step: priced with its precision, never fitted on
+# (benchmarks/bench_moe_time.py and bench_precision.py judge it).
+_M3 = _mixtral_v6e(
+    "M3 Mixtral-8x7B v6e-256 full int8", 8, "full", 8.218, 330.683, "f81bfc9",
+    "step 18 logged; config mixtral_8x7b_dropped_int8 (quantization=int8)",
+)  # fmt: skip
+_M3["train"] |= {"quantization": "int8"}
+_M3["notes"] += (
+    "; quantization=int8 (TrainSpec.quantization: the projections' and experts' matmuls)"
+)
+MOE_RUNS.insert(2, _M3)
 MOE_RUNS += [
     {
         "name": "M8 Mixtral-8x7B v5p-256 full",
@@ -184,7 +196,6 @@ MIXTRAL_8X22B = {
 
 # Section 2a's rows this project cannot state as a run, and why.
 MOE_SKIPPED = {
-    "M3 Mixtral-8x7B int8 v6e-256": "quantization=int8: int8 matmuls are not modelled",
     "M7 Mixtral-8x7B v5p-128 (251.94 TFLOP/s, 54.89% MFU)": "Run_Mixtral.md states no batch, "
     "mesh, remat or MoE path; M8 (the tiering table's v5p row, with its linked recipe) stands "
     "for the v5p Mixtral MFU statements",

@@ -56,8 +56,10 @@ GRAND_TETON = (
     "its memory judged against 80 GB, not 96"
 )
 FP8 = (
-    "fp8 linears priced in bfloat16 at the bf16 peak (the cost model has no fp8 matmul): where "
-    "fp8 pays, the estimate is slower than the run"
+    "fp8 linears priced as quantization='fp8': the projections' and MLP matmuls at the fp8 peak "
+    "times the calibrated quantized_share (benchmarks/bench_precision.py), their casts "
+    "memory-bound; attention, the head and the collectives in bf16, the weights gathered in bf16 "
+    "(the run's recipe may gather fp8)"
 )
 GPIPE_1F1B = (
     "1F1B priced as GPipe: the same bubble (S - 1) / (M + S - 1); GPipe's memory (every "
@@ -316,6 +318,11 @@ RUNS += [
     _maxtext_10t("D2c", (8, 2, 64, 4), ("pipeline", "data", "expert", "model"), 0.24,
                  "PP 8 x DP 2 over DCN, 16 pods v6e"),
 ]  # fmt: skip
+
+# The fp8 runs carry their precision (TrainSpec.quantization).
+for _run in RUNS:
+    if any(a.startswith(FP8) for a in _run["assumptions"]):
+        _run["train"]["quantization"] = "fp8"
 
 # The pair whose schedules differ with everything else equal: (plain, interleaved, measured
 # ratio of their throughputs, interleaved over plain).

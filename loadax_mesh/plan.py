@@ -159,11 +159,13 @@ class MeshPlan:
 
         return to_maxtext(self, train, model=model, order=order)
 
-    def to_axlearn(self, *, order: bool = True) -> AXLearnConfig:
+    def to_axlearn(self, *, order: bool = True, quantization: str = "none") -> AXLearnConfig:
         """AXLearn's `mesh_shape` and `mesh_rules` entry for this plan, as Python text and values.
 
         Args:
             order: also judge the device order AXLearn builds with jax's `mesh_utils` (imports jax).
+            quantization: the recipe's precision (`TrainSpec.quantization`): no AXLearn mesh
+                field carries it, a note says so.
 
         Returns:
             An `AXLearnConfig` over AXLearn's six standard axes.
@@ -173,7 +175,7 @@ class MeshPlan:
         """
         from .export.axlearn import to_axlearn  # a facade: the export lives in export/
 
-        return to_axlearn(self, order=order)
+        return to_axlearn(self, order=order, quantization=quantization)
 
     def to_flax_rules(self) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
         """Flax logical axis rules onto this plan's axes, for use with this plan's own Mesh.

@@ -74,19 +74,25 @@ def maxtext_train(
 
 
 def export_command(args: argparse.Namespace, plan: MeshPlan, chosen: TrainSpec | None) -> int:
-    """Print the export `args.format` names (`chosen`: `--strategy auto`'s recipe)."""
+    """Print the export `args.format` names (`chosen`: `--strategy auto`'s recipe, whose
+    precision the AXLearn and Flax exports note)."""
+    quantization = "none" if chosen is None else chosen.quantization
     if args.format == "maxtext":
         train, model = maxtext_train(args, chosen)
         print(plan.to_maxtext(train, model=model).text())
     elif args.format == "axlearn":
-        print(plan.to_axlearn().text())
+        print(plan.to_axlearn(quantization=quantization).text())
     else:
+        from ..export.flax_rules import flax_notes
+
         rules = plan.to_flax_rules()
         print(
             f"# Flax logical axis rules for {plan.hardware}, mesh "
             + " x ".join(f"{a} {n}" for a, n in plan.shape.items())
             + "\n# use with the plan's own Mesh (MeshConfig.create_device_mesh): the ring order "
-            "is kept\nrules = (\n"
+            "is kept\n"
+            + "".join(f"# {note}\n" for note in flax_notes(quantization))
+            + "rules = (\n"
             + "".join(f"    ({name!r}, {axis!r}),\n" for name, axis in rules)
             + ")"
         )

@@ -38,6 +38,28 @@ def permute_bandwidth(platform: Platform) -> float | None:
     return _optional("permute_bandwidth", platform)
 
 
+def quantized_share(platform: Platform, precision: str) -> float:
+    """The calibrated share of `precision`'s peak a quantized projection or MLP matmul reaches,
+    as a fraction of the share of the bf16 peak the chip's bf16 matmuls reach
+    (configs/calibration.toml `quantized_share`); an error naming what is accepted where the
+    file has none for the platform and precision."""
+    return float(quantized_entry(platform, precision)["value"])
+
+
+def quantized_entry(platform: Platform, precision: str) -> dict[str, Any]:
+    """configs/calibration.toml's `quantized_share` entry for a platform and precision (its
+    value, what it was fitted on, and `carried_from` where no run of its own fitted it)."""
+    table: dict[str, dict[str, Any]] = _calibrations().get("quantized_share", {})
+    entry = table.get(precision, {}).get(platform)
+    if entry is None:
+        accepted = sorted(f"{p} {q}" for q, found in table.items() for p in found)
+        raise MeshConfigError(
+            f"configs/calibration.toml has no quantized_share for quantization={precision!r} "
+            f"on {platform}; accepted: {', '.join(accepted)}"
+        )
+    return entry
+
+
 def _optional(name: str, platform: Platform) -> float | None:
     entry = _calibrations().get(name, {}).get(platform)
     return None if entry is None else float(entry["value"])

@@ -7,15 +7,40 @@ and the estimate says at which bandwidth they do: each way's bytes over the shor
 windows. Where it has no host memory, the offload is taken to fit and the estimate says how
 much a host must hold. Copies that do not overlap compute (GPU) cost what the bandwidth makes
 them, so there no condition answers for the missing fact: the estimate asks for it.
+
+A quantized step (`TrainSpec.quantization`) on a platform whose `quantized_share` no run of
+that platform and precision fitted (configs/calibration.toml: `carried_from`) is priced at the
+carried value, and the estimate says so.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .calibration import quantized_entry
+
 if TYPE_CHECKING:
     from ..hardware.profile import DeviceFacts, HardwareProfile
+    from ..workload.spec import TrainSpec
     from .timing.step import StepTime
+
+
+def quantized_conditions(facts: DeviceFacts, train: TrainSpec) -> tuple[str, ...]:
+    """The condition a quantized estimate rests on where its platform's `quantized_share` was
+    carried over from another platform's or precision's fit (none where the catalogue has the
+    chip's measured share, or the share was fitted on runs of its own)."""
+    q = train.quantization
+    if q == "none" or facts.quantized_share(q) is not None:
+        return ()
+    entry = quantized_entry(facts.platform, q)
+    if "carried_from" not in entry:
+        return ()
+    return (
+        f"{q} matmuls on {facts.platform} priced at quantized_share {entry['value']} (of the "
+        f"share its bf16 matmuls reach), carried from the {entry['carried_from']} fit: no "
+        f"{facts.platform} {q} run fitted it (configs/calibration.toml; --fact "
+        f"{q}_matmul_share=VALUE sets the chip's measured share of peak_{q})",
+    )
 
 
 def host_conditions(

@@ -25,7 +25,7 @@ from ..workload.spec import ModelSpec, TrainSpec
 from ..workload.stages import Stages
 from . import band as _band
 from .calibration import Calibrated
-from .conditions import host_conditions
+from .conditions import host_conditions, quantized_conditions
 from .memory.terms import host_bytes, phases
 from .step import PlainStep, step_cost
 from .timing.axes import AxisTraffic
@@ -232,6 +232,7 @@ def _answer(
     peak = sum(at_peak.values())
     profile = hardware_profile(facts.hardware)
     assumes, link = host_conditions(facts, profile, host, moved, t)
+    assumes += quantized_conditions(facts, train)
     host_memory = facts.host_memory_bytes
     verdict = _band.fit_verdict(peak, facts.hbm_bytes, _band.memory_band(facts.platform))
     if host and host_memory is not None and host > host_memory:

@@ -44,3 +44,14 @@ def trainer_axes(plan: PlanView, r: Roles, names: dict[str, str], who: str) -> d
             "besides the fsdp axis"
         )
     return {**out, **{a: "data" for a in data}}
+
+
+def quantization_notes(quantization: str, what: str, where: str) -> list[str]:
+    """The note an export adds where it has no key for the recipe's precision
+    (TrainSpec.quantization): `what` has none, `where` is where the trainer sets it."""
+    if quantization == "none":
+        return []
+    return [
+        f"not exported: quantization={quantization!r} (the projections' and MLP matmuls in "
+        f"{quantization}): {what} carry no precision; set it in {where}"
+    ]

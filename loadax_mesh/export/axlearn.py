@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
 from ..hardware.traits import platform_traits
-from .axes import named_roles, trainer_axes
+from .axes import named_roles, quantization_notes, trainer_axes
 from .order import OrderComparison, compare_order
 
 if TYPE_CHECKING:
@@ -98,9 +98,10 @@ def axis_map(plan: PlanView, who: str) -> dict[str, str]:
     return trainer_axes(plan, r, _ROLE_AXIS, who)
 
 
-def to_axlearn(plan: PlanView, *, order: bool = True) -> AXLearnConfig:
+def to_axlearn(plan: PlanView, *, order: bool = True, quantization: str = "none") -> AXLearnConfig:
     """AXLearn's mesh fields for `plan`; `order` compares AXLearn's device order (jax's
-    mesh_utils per granule, which imports jax) with the plan's."""
+    mesh_utils per granule, which imports jax) with the plan's; `quantization` the recipe's
+    (TrainSpec.quantization), which no mesh field carries: a note says so."""
     axes = axis_map(plan, "to_axlearn")
     ici, dcn = [1] * len(AXES), [1] * len(AXES)
     for k, name in enumerate(plan.axis_names):
@@ -125,6 +126,7 @@ def to_axlearn(plan: PlanView, *, order: bool = True) -> AXLearnConfig:
             "not exported: the pipeline schedule (microbatches, repeats, which layers), which "
             "AXLearn sets on its model's Pipeline layer (axlearn/common/pipeline.py), not the mesh"
         )
+    notes += quantization_notes(quantization, "AXLearn's mesh fields", "its model config")
     comparison = None
     if order:
         comparison = compare_order(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .axes import named_roles
+from .axes import named_roles, quantization_notes
 
 if TYPE_CHECKING:
     from ..view.picture import PlanView
@@ -65,3 +65,9 @@ def to_flax_rules(plan: PlanView) -> tuple[Rule, ...]:
         "stage": pipeline,
     }
     return tuple((name, table[name]) for name in LOGICAL_AXES)
+
+
+def flax_notes(quantization: str = "none") -> list[str]:
+    """What the rules do not say about the recipe: its precision (TrainSpec.quantization), for
+    which logical axis rules have no entry."""
+    return quantization_notes(quantization, "logical axis rules", "the model's dot_general")

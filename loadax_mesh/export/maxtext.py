@@ -11,7 +11,9 @@ loss in chunks; MaxText builds its mesh with jax's `mesh_utils`. MoE (base.yml,
 docs/reference/core_concepts/moe_configuration.md): the `expert` axis shards the experts and
 acts as fsdp elsewhere; `sparse_matmul=true` is the dropless grouped-matmul path (`megablox`
 its TPU kernel), `sparse_matmul=false` with `capacity_factor` > 0 the dropping one;
-`use_random_routing` forces spread routing. The pipeline axis: maxtext_pipeline.py.
+`use_random_routing` forces spread routing. `quantization=fp8_full` (qwix's rule, with
+`use_qwix_quantization`) or `int8`: docs/facts/low_precision.md. The pipeline axis:
+maxtext_pipeline.py.
 """
 
 from __future__ import annotations
@@ -205,6 +207,26 @@ def _moe(train: TrainSpec, platform: str) -> dict[str, str]:
     return keys
 
 
+# TrainSpec.quantization -> MaxText's keys
+_QUANTIZATION = {
+    "fp8": {"quantization": "fp8_full", "use_qwix_quantization": "true"},
+    "int8": {"quantization": "int8"},
+}
+
+
+def _quantization(train: TrainSpec) -> tuple[dict[str, str], list[str]]:
+    """The low-precision keys of `train` and what they approximate (none unquantized)."""
+    if (q := train.quantization) == "none":
+        return {}, []
+    scope = "e4m3 weights and activations, e5m2 gradients" if q == "fp8" else "int8 operands"
+    return _QUANTIZATION[q], [
+        f"approximate: quantization={_QUANTIZATION[q]['quantization']} ({scope}) quantizes "
+        "every matmul of MaxText's decoder layers, the router's included; the reference step "
+        "quantizes the projections' and MLP matmuls (the experts' too) and keeps the router, "
+        "attention and the head in the compute dtype"
+    ]
+
+
 def _resized(model: ModelSpec) -> dict[str, str]:
     """The keys that resize MaxText's config of a shipped model to `model` (none when equal)."""
     shipped = ModelSpec.from_name(model.name)
@@ -303,6 +325,7 @@ def to_maxtext(
             {f"{level}_{_KEY_WORD.get(a, a)}_parallelism": str(d) for a, d in degree.items()}
         )
     attention = attention_kernel(train.attention, str(plan.table.platform))
+    quantized, quantized_notes = _quantization(train)
     keys.update(
         {
             "per_device_batch_size": _batch(plan, train),
@@ -317,6 +340,7 @@ def to_maxtext(
             **staged,
             **(_moe(train, str(plan.table.platform)) if moe else {}),
             **({} if model is None else _model(model)),
+            **quantized,
         }
     )
     notes = [
@@ -326,6 +350,7 @@ def to_maxtext(
         "lost: the device order; MaxText builds its mesh with jax's mesh_utils over its own "
         "axis order (ring quality below)",
         *stage_notes,
+        *quantized_notes,
     ]
     if "context" in axes.values():
         notes.append(

@@ -18,11 +18,13 @@ SETTABLE = {
     "tpu": (
         *("peak_bf16", "hbm_bandwidth", "host_link_bandwidth", "ici_link_bandwidth"),
         *("ici_latency", "dcn_bandwidth", "dcn_latency"),
+        *("peak_fp8", "peak_int8", "fp8_matmul_share", "int8_matmul_share"),
     ),
     "gpu": (
         *("peak_bf16", "hbm_bandwidth", "host_link_bandwidth", "nvlink_bandwidth"),
         *("nvlink_latency", "network_per_gpu", "network_latency"),
         *("matmul_share", "attention_share", "memory_share", "grouped_matmul_share"),
+        *("peak_fp8", "peak_int8", "fp8_matmul_share", "int8_matmul_share"),
     ),
 }
 _VALUE = re.compile(r"\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]*)\s*")

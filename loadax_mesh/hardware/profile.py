@@ -55,10 +55,41 @@ class DeviceFacts:
     memory_share: float | None = None  # of HBM bandwidth, by the time model's byte count
     grouped_matmul_share: float | None = None  # of the peak, the dropless experts' kernel
     given: Given = ()  # the catalogue facts the user set for this run (hardware/given.py)
+    # Dense low-precision FLOP/s of one device (TrainSpec.quantization), None where its chip
+    # has no such matrix units or no source gives the rate; and where measured, the share of
+    # that peak a quantized projection or MLP matmul reaches (else the time model's calibrated
+    # `quantized_share`, cost/calibration.py).
+    peak_fp8: float | None = None
+    peak_int8: float | None = None
+    fp8_matmul_share: float | None = None
+    int8_matmul_share: float | None = None
 
     @property
     def platform(self) -> Platform:
         return self.traits.platform
+
+    def matmul_peak(self, quantization: str) -> float:
+        """The FLOP/s a matmul of `quantization` ("none": the compute dtype's, bf16) peaks
+        at on this device; an error naming the precision, the hardware and what it accepts
+        where the catalogue has no such peak."""
+        if quantization == "none":
+            return self.peak_flops
+        peak = getattr(self, f"peak_{quantization}")
+        if peak is None:
+            accepted = ["none"] + [q for q in ("fp8", "int8") if getattr(self, f"peak_{q}")]
+            raise MeshConfigError(
+                f"quantization={quantization!r} on hardware={self.hardware!r}: the catalogue "
+                f"has no peak_{quantization} for it (its chip has no {quantization} matrix "
+                f"units, or no source gives their rate); accepted: {', '.join(accepted)}, or "
+                f"the fact given for the run (--fact peak_{quantization}=VALUE)"
+            )
+        return float(peak)
+
+    def quantized_share(self, quantization: str) -> float | None:
+        """The measured share of `quantization`'s peak a quantized matmul reaches, None where
+        not measured."""
+        found: float | None = getattr(self, f"{quantization}_matmul_share")
+        return found
 
     def need(self, name: str) -> float:
         """A fact the estimate needs: its value, or an error naming what is missing by the
@@ -110,11 +141,14 @@ class HardwareProfile:
         if share >= 1:
             return facts
         bandwidth = None if facts.hbm_bandwidth is None else facts.hbm_bandwidth * share
+        fp8, int8 = facts.peak_fp8, facts.peak_int8
         return replace(
             facts,
             hbm_bytes=facts.hbm_bytes * share,
             peak_flops=facts.peak_flops * share,
             hbm_bandwidth=bandwidth,
+            peak_fp8=None if fp8 is None else fp8 * share,
+            peak_int8=None if int8 is None else int8 * share,
         )
 
 
@@ -181,6 +215,10 @@ def _device_facts(
         host_memory_bytes=host_memory_per_device(spec.type),
         host_link_bandwidth=base("host_link_bandwidth", per_chip),
         given=given,
+        peak_fp8=base("peak_fp8", per_chip),
+        peak_int8=base("peak_int8", per_chip),
+        fp8_matmul_share=_share(fact("fp8_matmul_share")),
+        int8_matmul_share=_share(fact("int8_matmul_share")),
     )
     if traits.tiled_memory:  # a TPU: ICI links of its torus, DCN shared by a host's chips
         return DeviceFacts(

@@ -26,6 +26,8 @@ _MEASURES: dict[str, tuple[str, ...]] = {
     "ici_link_bandwidth": _RATE,
     "dcn_bandwidth": _RATE,
     "peak_bf16": ("TFLOPs",),
+    "peak_fp8": ("TFLOPs",),
+    "peak_int8": ("TFLOPs",),
     "nvlink_latency": ("us",),
     "network_latency": ("us",),
     "ici_latency": ("us",),
@@ -34,13 +36,14 @@ _MEASURES: dict[str, tuple[str, ...]] = {
 }
 _COUNTS: tuple[str, ...] = ("gpus_per_host", "cores_per_chip", "devices_per_chip")
 _COUNTS += ("chips_per_host", "dims", "pod_chips", "hbm_usable_cores")
-_SHARES = ("matmul_share", "attention_share", "memory_share", "grouped_matmul_share")
+_SHARES: tuple[str, ...] = ("matmul_share", "attention_share", "memory_share")
+_SHARES += ("grouped_matmul_share", "fp8_matmul_share", "int8_matmul_share")
 _TEXTS = ("device_kind", "gpu", "count_unit", "libtpu_name", "wraparound")
 _LISTS = {"host_block": int, "memory_tile": int, "mxu": int, "device_kind_aliases": str}
 
 _SHARED: tuple[str, ...] = ("device_kind", "hbm", "host_memory", "host_link_bandwidth")
 _SHARED += ("hbm_bandwidth",)
-_SHARED += ("peak_bf16", *_SHARES)
+_SHARED += ("peak_bf16", "peak_fp8", "peak_int8", *_SHARES)
 FACTS = {  # platform -> the facts an entry may hold
     "tpu": (
         *_SHARED,

@@ -3,6 +3,7 @@ entries: added types plan, estimate and are detected; overrides last one run; ba
 refused naming file, entry and field."""
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,12 @@ BROKEN = {  # what is changed in the example -> the field the error names, and w
         "missing",
     ),
     "share above 1": ("value = 0.69,", "value = 69,", "matmul_share", "(0, 1]"),
+    "low-precision peak in a wrong unit": (
+        "matmul_share = {",
+        'peak_fp8 = { value = 1979, unit = "GB/s", source = ["OURS"] }\nmatmul_share = {',
+        "peak_fp8",
+        "TFLOPs",
+    ),
 }
 
 
@@ -195,6 +202,29 @@ def test_broken_files_are_refused_at_the_top(tmp_path, text, says):
 def test_a_missing_file_is_refused(tmp_path):
     with pytest.raises(MeshConfigError, match=r"no-such\.toml"):
         load_catalogue(tmp_path / "no-such.toml")
+
+
+def test_a_user_entry_gives_its_low_precision_peaks(tmp_path):
+    """The example entry has no fp8 peak: fp8 is refused by name; with one (and a measured
+    share of it) it prices, and a measured share outside (0, 1] is refused."""
+    load_catalogue(EXAMPLE)
+    plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("gpu-our-dgx-h100-16"))
+    model, train = ModelSpec.from_name("llama3-8b"), TrainSpec(global_batch=16)
+    with pytest.raises(MeshConfigError, match=r"quantization='fp8'.*no peak_fp8"):
+        estimate(plan, model, replace(train, quantization="fp8"))
+    peaks = (
+        'peak_fp8 = { value = 1979, unit = "TFLOPs", source = ["OURS"] }\n'
+        'fp8_matmul_share = { value = 0.6, source = ["OURS"] }\nmatmul_share = {'
+    )
+    load_catalogue(write(tmp_path, ENTRY.replace("matmul_share = {", peaks, 1)))
+    facts = parse_hardware("gpu-our-dgx-h100-16").fact("peak_fp8")
+    assert (facts.value, facts.unit, facts.source) == (1979, "TFLOPs", ("OURS",))
+    bf16 = estimate(plan, model, train)
+    fp8 = estimate(plan, model, replace(train, quantization="fp8"))
+    assert fp8.step_seconds < bf16.step_seconds and fp8.assumes == ()
+    broken = ENTRY.replace("matmul_share = {", peaks.replace("0.6,", "1.6,"), 1)
+    with pytest.raises(MeshConfigError, match=r"fp8_matmul_share.*\(0, 1\]"):
+        load_catalogue(write(tmp_path, broken, "broken.toml"))
 
 
 def test_the_shipped_numbers_are_unchanged():

@@ -15,7 +15,8 @@ The recipe (TrainSpec): each named tensor of a layer is saved on the device, off
 memory, or recomputed in the backward pass; with `microbatches` M every per-row tensor (saved
 activations, a layer's intermediates, the logits) is that of one micro-batch, 1/M of the rows,
 and a float32 accumulator of the gradient shards is held beside them; with `logits_chunks` C the
-logits and their gradient exist one chunk at a time, 1/C of them.
+logits and their gradient exist one chunk at a time, 1/C of them. A quantized step
+(`quantization`) also holds, in the layer loop, one layer's quantized copies (`_quantized`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ...hardware.profile import DeviceFacts
 from ...hardware.traits import attention_kernel
 from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ..parts.quantized import quantized
 from ..parts.shapes import Shapes, shard_bytes, stored
 from ..parts.sublayer import counted_per_sublayer
 from ..parts.weights import dense_layer_weights, moe_layer_weights
@@ -74,7 +76,22 @@ def memory_terms(
         "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
         "layer": layer,
         "expert stacks": _expert_stacks(model, roles, dtypes[0]) * traits.relayouts_experts,
+        **_quantized(model, train, roles),
     }
+
+
+def _quantized(model: ModelSpec, train: TrainSpec, roles: Roles) -> dict[str, int]:
+    """A quantized step's 1-byte copies in the layer loop (parts/quantized.py), of the larger
+    kind of layer: a layer's backward pass holds the quantized weights and inputs its forward
+    made (its matmuls' gradients read them) and one output gradient quantized at a time, the
+    widest; none unquantized (no term)."""
+    if train.quantization == "none":
+        return {}
+    moe = model.num_moe_layers
+    kinds = [quantized(model, train, roles, moe=True)] if moe else []
+    if model.num_layers > moe:
+        kinds.append(quantized(model, train, roles))
+    return {"quantized": max(q.forward + q.widest for q in kinds)}
 
 
 def _moe_layers(
@@ -212,6 +229,7 @@ TERMS: dict[str, tuple[str, ...]] = {
     "embeddings": ("backward head", "tail"),
     "reduced gradients": ("layer loop", "tail"),
     "layer": ("layer loop",),
+    "quantized": ("layer loop",),
     "held tables": ("tail",),
     # a pipelined step's own (cost/pipeline/memory.py)
     "pipeline buffers": ("layer loop",),

@@ -2,7 +2,9 @@
 micro-batch, forward, backward (its two matmuls, for the input and the weight gradient) and
 again where the remat placement recomputes it, each priced by shape (`Device.matmul`); a MoE
 layer's router, grouped expert matmuls and shared experts, and the dropping path's one-hot
-dispatch and combine einsums (timing/moe.py)."""
+dispatch and combine einsums (timing/moe.py). With `TrainSpec.quantization` the projections,
+the MLP's and the experts' matmuls run at the quantized rate (`Device.projection`); the head,
+the router and the dispatch einsums stay in the compute dtype."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def projections(model: ModelSpec, d: Device) -> dict[str, float]:
     """A layer's projections, forward; SwiGLU's input is two matmuls (gate and up), a
     two-matrix MLP's one (up)."""
     inputs = 2 if model.mlp == "swiglu" else 1
-    d_model, mm = model.d_model, d.matmul
+    d_model, mm = model.d_model, d.projection
     found = {
         "query": mm(d_model, d.q_width),
         "key": mm(d_model, d.kv_width),
@@ -100,6 +102,10 @@ def _with_moe(
     kernel = facts.grouped_matmul_share if dropless else None
     grouped_rate = facts.peak_flops * kernel * d.fed if kernel else d.rate
     boundary = facts.traits.grouped_tile_rows if dropless else 0
+    # quantized, the grouped kernel outruns its bf16 rate as a projection does (`Device.q_rate`)
+    grouped_rate, operand = (
+        (grouped_rate * d.q_rate / d.rate, d.q_act) if d.quantized else (grouped_rate, d.act)
+    )
 
     def grouped(k: int, n: int) -> float:
         """A grouped matmul: each of the device's experts [its group's rows, k] x [k, n],
@@ -107,15 +113,16 @@ def _with_moe(
         weights at HBM speed), at the grouped kernel's rate."""
         g = ms.group_rows + boundary
         flops = 2.0 * g * whole(k, rows_unit) * whole(n, cols_unit)
-        return ms.groups * max(flops / grouped_rate, (g * k + k * n + g * n) * d.act / d.hbm)
+        moved = (g * k + k * n) * operand + g * n * d.act
+        return ms.groups * max(flops / grouped_rate, moved / d.hbm)
 
-    mm, d_model = d.matmul, model.d_model
+    mm, proj, d_model = d.matmul, d.projection, model.d_model
     shared = model.num_shared_experts * model.moe_d_ff // d.tensor
     mixed = layer | {
         "mlp_in": mm(d_model, model.num_experts)  # the router (float32: counted bf16)
         + 2 * grouped(d_model, ms.width)
-        + (2 * mm(d_model, shared) if shared else 0.0),
-        "mlp_out": grouped(ms.width, d_model) + (mm(shared, d_model) if shared else 0.0),
+        + (2 * proj(d_model, shared) if shared else 0.0),
+        "mlp_out": grouped(ms.width, d_model) + (proj(shared, d_model) if shared else 0.0),
     }
     mlp_again = train.placements["mlp_in"] == "recompute"
     routing_fwd, routing = dispatch_einsums(  # the dropping path's one-hot einsums

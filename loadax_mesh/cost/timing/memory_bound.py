@@ -2,7 +2,8 @@
 (SwiGLU's gate, or a two-matrix MLP's ReLU or GELU) and residual adds, forward, backward and
 the forward again where a tensor is recomputed, at the chip's share of its HBM bandwidth; the
 copies of what a layer keeps into the layer scan's stacks and back out; the loss over the
-vocabulary; a MoE layer's d_model-wide buffers and the dropless path's row permutes; and the
+vocabulary; a MoE layer's d_model-wide buffers and the dropless path's row permutes; a
+quantized step's absmax and cast passes over what it quantizes (parts/quantized.py); and the
 optimizer's update of every parameter shard at the full bandwidth."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..parts import mla
 from ..parts.moe import MoeShapes, moe_intermediates
+from ..parts.quantized import quantized
 from ..parts.shapes import shard_bytes
 from .device import Device
 
@@ -70,7 +72,31 @@ def memory_bound(
     memory = d.micro * (
         d.tokens * per_token / d.streamed + layers * softmax + moe * permute + stacks
     )
+    if d.quantized:
+        casts_fwd, casts = _casts(model, train, roles, d, moe=moe, again=again)
+        return memory + casts + update / d.hbm, elementwise_fwd + casts_fwd
     return memory + update / d.hbm, elementwise_fwd
+
+
+def _casts(
+    model: ModelSpec, train: TrainSpec, roles: Roles, d: Device, *, moe: float, again: bool
+) -> tuple[float, float]:
+    """A quantized step's absmax and cast passes: (a layer's forward bytes per token, on
+    average over its kinds of layer, as the step's forward share reads them at `streamed`;
+    the step's seconds). Each tensor quantized is read twice
+    in the compute dtype (its absmax, then the cast) and written once in 1 byte: the weights
+    and inputs of every forward pass (again where it is recomputed), each matmul's output
+    gradient in the backward pass; every micro-batch. Each pass streams a counted byte for
+    byte, as Adam's update does: at the full HBM bandwidth (a layer's other memory-bound
+    operations run at the chip's measured share of it, for the float32 intermediates XLA's GPU
+    fusions move beyond their count: `Device.streamed`)."""
+    per = 2 * d.act + d.q_act
+    kinds = [(d.layers - moe, quantized(model, train, roles))]
+    if moe:
+        kinds.append((moe, quantized(model, train, roles, moe=True)))
+    forward = sum(n * q.forward for n, q in kinds) * per / d.layers if d.layers else 0.0
+    total = sum(n * (q.forward * (1 + again) + q.gradients) for n, q in kinds) * per
+    return forward / d.tokens * d.streamed / d.hbm, d.micro * total / d.hbm
 
 
 def _layer_elementwise(
