@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import lru_cache
 
 from ...errors import MeshConfigError
 from ...workload.layout import Roles, param_shapes, stages_of
@@ -38,11 +39,13 @@ def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     return st
 
 
+@lru_cache(maxsize=4096)
 def data_roles(r: Roles) -> Roles:
     """The roles outside the pipelined layers: the pipeline axis a batch axis (mesh order)."""
     return replace(r, batch=tuple(a for a, _ in r.sizes if a in r.batch or a == r.pipeline))
 
 
+@lru_cache(maxsize=4096)
 def stage_train(train: TrainSpec, st: Stages) -> TrainSpec:
     """`train` as a stage sees its rows: each gradient-accumulation slice cut into the
     pipeline's micro-batches."""
@@ -60,6 +63,7 @@ def moe_stages(st: Stages) -> int:
     return int(st.stack == "moe_layers")
 
 
+@lru_cache(maxsize=4096)
 def shard_elements(
     model: ModelSpec,
     st: Stages,
