@@ -11,6 +11,7 @@ from functools import lru_cache
 from ...workload.layout import Roles, regathered, splash_blocks
 from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..parts import mla
+from ..parts.cache import plain_cache
 from ..parts.moe import MOE_NAMES, moe_intermediates
 from ..parts.saved import PARTS, kept, recomputed, unrolled_residuals
 from ..parts.shapes import Shapes, stored
@@ -31,7 +32,7 @@ def _intermediates(
     return _found(model, _shape_only(train), sh, roles, splash=splash, moe=moe)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)
 def _found(
     model: ModelSpec, train: TrainSpec, sh: Shapes, roles: Roles, *, splash: bool, moe: bool
 ) -> dict[str, tuple[tuple[int, ...], int]]:
@@ -103,7 +104,7 @@ _SCRATCH = ("kernel max", "kernel sum", "kernel output", "kernel dq", "kernel dk
 _WORKING = {"full": 2, "dots": 1, "none": 1, "offload": 2}
 
 
-@lru_cache(maxsize=8192)
+@plain_cache(maxsize=65536)
 def layer_bytes(
     model: ModelSpec,
     train: TrainSpec,
@@ -133,7 +134,7 @@ def layer_bytes(
     )
 
 
-@lru_cache(maxsize=1024)
+@plain_cache(maxsize=65536)
 def unrolled_bytes(
     model: ModelSpec,
     train: TrainSpec,
@@ -163,7 +164,7 @@ def _stored(
     return stored(*value, tile, minor=-1 if _fixed(name, saved) else None)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)
 def _sizes(
     model: ModelSpec,
     train: TrainSpec,
@@ -180,7 +181,7 @@ def _sizes(
     return {name: _stored(name, value, tile, saved) for name, value in found.items()}
 
 
-@lru_cache(maxsize=8192)
+@plain_cache(maxsize=65536)
 def working_bytes(
     model: ModelSpec,
     train: TrainSpec,

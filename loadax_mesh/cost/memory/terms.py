@@ -27,6 +27,7 @@ from ...hardware.profile import DeviceFacts
 from ...hardware.traits import attention_kernel
 from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
+from ..parts.cache import plain_cache
 from ..parts.quantized import quantized
 from ..parts.shapes import Shapes, shard_bytes, stored
 from ..parts.sublayer import counted_per_sublayer
@@ -34,6 +35,7 @@ from ..parts.weights import dense_layer_weights, moe_layer_weights
 from .layer import layer_bytes, working_bytes
 
 
+@plain_cache(maxsize=65536, copy=True)
 def memory_terms(
     model: ModelSpec,
     train: TrainSpec,
