@@ -105,6 +105,155 @@ def assumed_host_facts(facts: DeviceFacts) -> list[str]:
     return [name for name, value in host.items() if value is None]
 
 
+def terms_of(
+    model: ModelSpec, t: TrainSpec, r: Roles, facts: DeviceFacts, across: bool
+) -> dict[str, int]:
+    """A recipe's memory terms on this mesh: a pipelined step's where it has stages, else a
+    plain step's (`across`: memory_terms's replicas_across_granules)."""
+    st = stages_of(model, t, r)
+    if st is None:
+        return memory_terms(model, t, r, facts, replicas_across_granules=across)
+    return pipeline_memory_terms(model, t, r, st, facts, replicas_across_granules=across)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a recipe may use of a device's memory: `device` the headroom's limit, `possible`
+    what the compiled step may still fit in by the model's largest measured overestimate
+    (cost/band.py), `host` the host memory's limit (infinite where the catalogue has none:
+    the offload is assumed to fit)."""
+
+    device: float
+    possible: float
+    host: float
+
+    @classmethod
+    def of(cls, facts: DeviceFacts, headroom: float) -> Limits:
+        limit = facts.hbm_bytes * (1 - headroom)
+        band = memory_band(facts.platform)
+        host = facts.host_memory_bytes
+        return cls(
+            device=limit,
+            possible=max(limit, facts.hbm_bytes * (band.high if band else 1.0)),
+            host=math.inf if host is None else host * (1 - headroom),
+        )
+
+
+class MeshRecipes:
+    """The recipes of one mesh as the search tries them, each thing found once: a recipe's
+    TrainSpec, whether the pipeline takes its micro-batches and a chunk count divides a
+    device's tokens, and its memory terms and peak (they do not depend on device order); the
+    peaks of the recipes that do not fit gathered in `least`."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        train: TrainSpec,
+        r: Roles,
+        facts: DeviceFacts,
+        across: bool,
+        limits: Limits,
+    ) -> None:
+        self.model, self.train, self.r, self.facts = model, train, r, facts
+        self.across, self.limits = across, limits
+        self.least: list[int] = []  # the peak memory of each recipe that does not fit
+        # (path, remat, M, pipe) -> TrainSpec at C = 1, however the remat is spelt
+        self._specs: dict[tuple[MoePath, Remat, int, Pipe], TrainSpec] = {}
+        self._staged: dict[tuple[int, Pipe], bool] = {}  # (M, pipe) -> the pipeline takes it
+        self._chunks: dict[int, bool] = {}  # whether C chunks divide a device's tokens
+        # (path, remat, M, pipe) -> terms at C = 1 (None: over the host memory's limit)
+        self._priced: dict[tuple[MoePath, Remat, int, Pipe], dict[str, int] | None] = {}
+        # ... and at C chunks: (terms, peak)
+        self._peaks: dict[
+            tuple[tuple[MoePath, Remat, int, Pipe], int], tuple[dict[str, int], int]
+        ] = {}
+
+    def spec(self, path: MoePath, remat: Remat, m: int, pipe: Pipe = (0, 1)) -> TrainSpec:
+        """The recipe's TrainSpec at one logits chunk."""
+        key = (path, remat, m, pipe)
+        if key not in self._specs:
+            pm, pr = pipe
+            self._specs[key] = replace(
+                self.train, moe=path, remat=remat, microbatches=m, logits_chunks=1,
+                pipeline_microbatches=pm, pipeline_repeats=pr,
+            )  # fmt: skip
+        return self._specs[key]
+
+    def staged(self, path: MoePath, remat: Remat, micro: list[int], pipe: Pipe) -> list[int]:
+        """The micro-batch counts of `micro` whose pipeline fields fit the model and the batch
+        (`stages_of`: they depend on M and the pipeline's fields alone)."""
+        out = []
+        for m in micro:
+            if (m, pipe) not in self._staged:
+                try:
+                    stages_of(self.model, self.spec(path, remat, m, pipe), self.r)
+                    self._staged[m, pipe] = True
+                except MeshConfigError:  # the pipeline's fields do not fit
+                    self._staged[m, pipe] = False
+            if self._staged[m, pipe]:
+                out.append(m)
+        return out
+
+    def chunks_ok(self, first: TrainSpec, c: int) -> bool:
+        """Whether `c` logits chunks divide a device's tokens (`check_fit`, with the first
+        recipe that asks)."""
+        if c not in self._chunks:
+            try:
+                check_fit(self.model, replace(first, logits_chunks=c), self.r)
+                self._chunks[c] = True
+            except MeshConfigError:  # the chunks do not divide a device's tokens
+                self._chunks[c] = False
+        return self._chunks[c]
+
+    def fits(self, t: TrainSpec, chunks: int, limit: float) -> dict[str, int] | None:
+        """The recipe's terms at `chunks` logits chunks where its peak is within `limit`, else
+        None (its peak gathered in `least`; none where its offload is over the host's)."""
+        key = (t.moe, t.remat, t.microbatches, (t.pipeline_microbatches, t.pipeline_repeats))
+        if key not in self._priced:
+            over = host_bytes(self.model, t, self.r, self.facts) > self.limits.host
+            self._priced[key] = (
+                None if over else terms_of(self.model, t, self.r, self.facts, self.across)
+            )
+        base = self._priced[key]
+        if base is None:
+            return None
+        if (key, chunks) not in self._peaks:
+            terms = base | {"logits": -(-base["logits"] // chunks)}
+            self._peaks[key, chunks] = terms, sum(terms[k] for k in phases(terms)[1])
+        terms, peak = self._peaks[key, chunks]
+        if peak > limit:
+            self.least.append(peak)
+            return None
+        return terms
+
+    def fewest(
+        self, path: MoePath, remat: Remat, c: int, micro: list[int], pipe: Pipe, at: float
+    ) -> Recipe | None:
+        """The recipe with the fewest micro-batches whose peak is within `at`, by bisection
+        (memory falls as micro-batches grow)."""
+        lo, hi, found = 0, len(micro) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            t = self.spec(path, remat, micro[mid], pipe)
+            terms = self.fits(t, c, at)
+            if terms is None:
+                lo = mid + 1
+            else:
+                found, hi = Recipe(t, terms), mid - 1
+        return found
+
+    def found(
+        self, path: MoePath, remat: Remat, c: int, micro: list[int], pipe: Pipe
+    ) -> Recipe | None:
+        """The fewest micro-batches within the headroom's limit; where none is, the fewest
+        that the model's measured error leaves possible, marked `beyond`."""
+        found = self.fewest(path, remat, c, micro, pipe, self.limits.device)
+        if found is None and self.limits.possible > self.limits.device:
+            unsure = self.fewest(path, remat, c, micro, pipe, self.limits.possible)
+            found = None if unsure is None else replace(unsure, beyond=True)
+        return found
+
+
 def fitting_recipes(
     model: ModelSpec,
     train: TrainSpec,
@@ -126,109 +275,34 @@ def fitting_recipes(
     meshes of a large MoE). Where no micro-batch count of a remat and chunk count fits the
     headroom's limit, the fewest that the model's measured error leaves possible (cost/band.py:
     up to the HBM times its largest overestimate) is kept, marked `beyond`."""
-    out: list[Recipe] = []
-    least: list[int] = []  # the peak memory of each recipe that does not fit
-    limit = facts.hbm_bytes * (1 - headroom)
-    band = memory_band(facts.platform)
-    # what the compiled step may still fit in, by the model's largest measured overestimate
-    possible = max(limit, facts.hbm_bytes * (band.high if band else 1.0))
-    across = replicas_across_granules
+    limits, across = Limits.of(facts, headroom), replicas_across_granules
     staged = r.size("pipeline") > 1
-    floor = floor and not staged  # memory_floor is a plain step's: none for a pipeline
-    if floor and memory_floor(model, train, r, facts, replicas_across_granules=across) > possible:
-        return [], None
-    host_memory = facts.host_memory_bytes  # unknown: the offload is assumed to fit
-    host_limit = math.inf if host_memory is None else host_memory * (1 - headroom)
-    offloads = not missing_host_facts(facts)
-    # (path, remat, M, pipe) -> terms at C = 1
-    priced: dict[tuple[str, Remat, int, Pipe], dict[str, int] | None] = {}
-
-    def fits(t: TrainSpec, chunks: int, limit: float = limit) -> dict[str, int] | None:
-        key = (t.moe, t.remat, t.microbatches, (t.pipeline_microbatches, t.pipeline_repeats))
-        if key not in priced:
-            over = host_bytes(model, t, r, facts) > host_limit
-            priced[key] = None if over else terms_of(t)
-
-        base = priced[key]
-        if base is None:
-            return None
-        terms = base | {"logits": -(-base["logits"] // chunks)}
-        peak = sum(terms[k] for k in phases(terms)[1])
-        if peak > limit:
-            least.append(peak)
-            return None
-        return terms
-
-    def terms_of(t: TrainSpec) -> dict[str, int]:
-        st = stages_of(model, t, r)
-        if st is None:
-            return memory_terms(model, t, r, facts, replicas_across_granules=across)
-        return pipeline_memory_terms(model, t, r, st, facts, replicas_across_granules=across)
-
-    def fewest(
-        path: MoePath, remat: Remat, c: int, micro: list[int], pipe: Pipe, at: float
-    ) -> Recipe | None:
-        """The recipe with the fewest micro-batches whose peak is within `at`, by bisection."""
-        lo, hi, found = 0, len(micro) - 1, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            t = spec(path, remat, micro[mid], pipe)
-            terms = fits(t, c, at)
-            if terms is None:
-                lo = mid + 1
-            else:
-                found, hi = Recipe(t, terms), mid - 1
-        return found
-
-    # (path, remat, C, M, pipe) found, however the remat is spelt
-    seen: set[tuple[MoePath, Remat, int, int, Pipe]] = set()
-    # (path, remat, M, pipe) -> TrainSpec at C = 1
-    made: dict[tuple[MoePath, Remat, int, Pipe], TrainSpec] = {}
-    chunks_ok: dict[int, bool] = {}  # whether C chunks divide a device's tokens
-
-    def spec(path: MoePath, remat: Remat, m: int, pipe: Pipe = (0, 1)) -> TrainSpec:
-        key = (path, remat, m, pipe)
-        if key not in made:
-            pm, pr = pipe
-            made[key] = replace(
-                train, moe=path, remat=remat, microbatches=m, logits_chunks=1,
-                pipeline_microbatches=pm, pipeline_repeats=pr,
-            )  # fmt: skip
-        return made[key]
-
-    def staged_ok(t: TrainSpec) -> bool:
-        try:
-            stages_of(model, t, r)
-        except MeshConfigError:  # the pipeline's fields do not fit the model or the batch
-            return False
-        return True
-
+    search = MeshRecipes(model, train, r, facts, across, limits)
     rows = train.global_batch // r.size("batch")
+    floor = floor and not staged  # memory_floor is a plain step's: none for a pipeline
+    if floor and memory_floor(model, train, r, facts, replicas_across_granules=across) > (
+        limits.possible
+    ):
+        return [], None
+    offloads = not missing_host_facts(facts)
+    out: list[Recipe] = []
+    seen: set[tuple[MoePath, Remat, int, int, Pipe]] = set()  # (path, remat, C, M, pipe) found
     for path, remat, c, micro, pipe in recipe_space(train, rows, wanted):
         if staged:
-            micro = [m for m in micro if staged_ok(spec(path, remat, m, pipe))]
+            micro = search.staged(path, remat, micro, pipe)
         if not micro:
             continue
-        first = spec(path, remat, micro[0], pipe)
+        first = search.spec(path, remat, micro[0], pipe)
         if "offload" in first.placements.values() and (staged or not offloads):
             continue  # the catalogue cannot judge an offload here (none beside a pipeline)
-        if c not in chunks_ok:
-            try:
-                check_fit(model, replace(first, logits_chunks=c), r)
-                chunks_ok[c] = True
-            except MeshConfigError:  # the chunks do not divide a device's tokens
-                chunks_ok[c] = False
-        if not chunks_ok[c]:
+        if not search.chunks_ok(first, c):
             continue
-        found = fewest(path, remat, c, micro, pipe, limit)
-        if found is None and possible > limit:
-            unsure = fewest(path, remat, c, micro, pipe, possible)
-            found = None if unsure is None else replace(unsure, beyond=True)
+        found = search.found(path, remat, c, micro, pipe)
         if found is None or (path, first.remat, c, found.train.microbatches, pipe) in seen:
             continue
         seen.add((path, first.remat, c, found.train.microbatches, pipe))
         out.append(replace(found, train=replace(found.train, logits_chunks=c)))
-    return out, min(least, default=None)
+    return out, min(search.least, default=None)
 
 
 def check_recipes(
