@@ -153,13 +153,22 @@ def fastest(
     facts: DeviceFacts,
     recipes: list[Recipe],
 ) -> Scored:
-    """The fastest of the recipes on this mesh (`efficiency`: each axis's link factor)."""
+    """The fastest of the recipes on this mesh (`efficiency`: each axis's link factor). A
+    recipe beyond the headroom is unsure and ranks after every sure one, so those are
+    estimated only where no recipe within it is sure."""
     sizes = tuple(s for _, s in r.sizes)
-    scored = []
-    for k, recipe in enumerate(recipes):
-        e = estimate_parts(model, recipe.train, r, factors, efficiency, facts, terms=recipe.terms)
-        unsure = recipe.beyond or bool(e.assumes)
-        scored.append(Scored((unsure, *key(e), k, sizes), recipe.train, e, recipe.beyond))
+    scored: list[Scored] = []
+    for beyond in (False, True):
+        if beyond and any(not s.key[0] for s in scored):
+            break
+        for k, recipe in enumerate(recipes):
+            if recipe.beyond != beyond:
+                continue
+            e = estimate_parts(
+                model, recipe.train, r, factors, efficiency, facts, terms=recipe.terms
+            )
+            unsure = recipe.beyond or bool(e.assumes)
+            scored.append(Scored((unsure, *key(e), k, sizes), recipe.train, e, recipe.beyond))
     return min(scored, key=lambda s: s.key)
 
 
