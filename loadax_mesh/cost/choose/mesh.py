@@ -161,22 +161,55 @@ def choose_mesh(
             need).
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+    default = axes is None
+    names, wanted = _search_options(model, train, axes, top, headroom, recipes)
+    profile = hardware_profile(hardware, facts)
+    spec, device = profile.spec, profile.facts()
+    ranking = Ranking()
+    ranking.device = device
+    _host_notes(ranking, device, hardware)
+    spaces = [Space(names, tuple(a for a in names if a in BATCH))]
+    if default:  # and pipelines across granules (docs/design.md section 12: over DCN first)
+        spaces += dcn_pipelines(spaces[0], spec.granules, model, train)
+        ranking.stages = tuple(s.lead[0][0] for s in spaces[1:])
+    # Perfect rings, each over every torus dim of a slice at once: what no planned axis beats
+    # (AxisQuality.link_factor), so a bound on every mesh's step
+    link = float(max(1, sum(d > 1 for d in spec.topology)))
+    search = Search(model, train, wanted, device, headroom, spec.granules, link)
+    candidates = _candidates(search, spaces, spec.num_devices, hardware, ranking)
+    planner = Planner(model, hardware, device, simulate_devices(spec), ranking)
+    ranking.extend(planner.best(candidates, top))
+    _pipeline_pair(ranking, candidates, planner)
+    return ranking
+
+
+def _search_options(
+    model: ModelSpec,
+    train: TrainSpec,
+    axes: Sequence[str] | None,
+    top: int,
+    headroom: float,
+    recipes: Iterable[Mapping[str, Any]] | None,
+) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    """`choose_mesh`'s arguments checked: the axes it searches (AXES, or MOE_AXES for a model
+    with experts, where `axes` is None) and the recipes it tries (for a model with experts
+    both MoE paths, unless a recipe pins one)."""
     # else each mesh's refusal would read as "fits no mesh"
     check_modelled(model, experts=True, latent=True)
-    default = axes is None
     if axes is None:
         axes = MOE_AXES if model.num_experts else AXES
     names = check_axes(axes, top)
     if isinstance(headroom, bool) or not isinstance(headroom, float) or not 0 <= headroom < 1:
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")
     wanted = check_recipes(recipes, train)
-    if model.num_experts:  # both paths, unless a recipe pins one
+    if model.num_experts:
         wanted = [w | {"moe": p} for w in wanted for p in ([w["moe"]] if "moe" in w else MOE_PATHS)]
-    profile = hardware_profile(hardware, facts)
-    spec, device = profile.spec, profile.facts()
-    n, granules = spec.num_devices, spec.granules
-    ranking = Ranking()
-    ranking.device = device
+    return names, wanted
+
+
+def _host_notes(ranking: Ranking, device: DeviceFacts, hardware: str) -> None:
+    """What the ranking says of recipes that offload to host memory: left out where the
+    catalogue cannot price them, priced on a condition where it lacks a host fact."""
     missing = missing_host_facts(device)
     if missing:  # fitting_recipes leaves offload out there
         ranking.unsearched.append(
@@ -189,58 +222,85 @@ def choose_mesh(
             f"recipes that offload to host memory rest on the {' and '.join(assumed)} (the "
             f"catalogue has none for {hardware}): each such choice names its condition"
         )
-    spaces = [Space(names, tuple(a for a in names if a in BATCH))]
-    if default:  # and pipelines across granules (docs/design.md section 12: over DCN first)
-        spaces += dcn_pipelines(spaces[0], granules, model, train)
-        ranking.stages = tuple(s.lead[0][0] for s in spaces[1:])
-    # Perfect rings, each over every torus dim of a slice at once: what no planned axis beats
-    # (AxisQuality.link_factor), so a bound on every mesh's step
-    link = float(max(1, sum(d > 1 for d in spec.topology)))
-    search = Search(model, train, wanted, device, headroom, granules, link)
+
+
+def _candidates(
+    search: Search, spaces: list[Space], n: int, hardware: str, ranking: Ranking
+) -> list[Candidate]:
+    """Every mesh of `spaces` over `n` devices that fits with some recipe, by bound (what was
+    considered and pruned counted on `ranking`); an error where no mesh's data-parallel degree
+    divides the batch, or where none fits."""
     candidates = [c for s in spaces for sizes in s.shapes(n) for c in search.mesh(s, sizes)]
     ranking.considered, ranking.pruned = search.considered, search.pruned
     if not search.batch_ok:
         raise MeshConfigError(
-            f"global_batch={train.global_batch} is smaller than, or no multiple of, the "
-            f"data-parallel degree of every mesh of {list(names)} over {n} devices; accepted: a "
-            "multiple of some batch-axes product"
+            f"global_batch={search.train.global_batch} is smaller than, or no multiple of, the "
+            f"data-parallel degree of every mesh of {list(spaces[0].names)} over {n} devices; "
+            "accepted: a multiple of some batch-axes product"
         )
     if not candidates:
         raise search.no_fit(spaces, n, hardware)
     candidates.sort(key=lambda c: c.bound)
-    devices = simulate_devices(spec)
-    done: dict[int, tuple[tuple[Any, ...], Choice]] = {}  # id(candidate) -> its planned choice
+    return candidates
 
-    def planned(group: list[Candidate], k: int) -> list[Choice]:
-        """The `k` best of `group` (sorted by bound) on the planner's rings."""
-        best: list[tuple[tuple[Any, ...], Choice]] = []  # (key on the planner's rings, choice)
+
+class Planner:
+    """Candidates planned by the real planner and estimated on its rings, each at most once
+    (the ranking and the fastest with or without a pipeline may ask for the same one),
+    counted on the ranking as `planned`."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: str,
+        device: DeviceFacts,
+        devices: Sequence[Any],
+        ranking: Ranking,
+    ) -> None:
+        self.model, self.hardware, self.device = model, hardware, device
+        self.devices, self.ranking = devices, ranking
+        # id(candidate) -> (its ranking key on the planner's rings, its choice)
+        self._done: dict[int, tuple[tuple[Any, ...], Choice]] = {}
+
+    def choice(self, c: Candidate) -> tuple[tuple[Any, ...], Choice]:
+        """The candidate planned, with its fastest recipe on the planner's rings."""
+        if id(c) not in self._done:
+            config = MeshConfig(HybridMeshShape(c.ici, c.dcn), c.space.names, c.space.batch)
+            plan = plan_config(config, self.devices, granule="auto", hardware=self.hardware)
+            efficiency = {a: q.link_factor for a, q in plan.quality().items()}
+            best = fastest(self.model, c.roles, c.factors, efficiency, self.device, c.recipes)
+            self.ranking.planned += 1
+            choice = Choice(config, plan, best.estimate, best.train, best.beyond)
+            self._done[id(c)] = (best.key, choice)
+        return self._done[id(c)]
+
+    def best(self, group: list[Candidate], k: int) -> list[Choice]:
+        """The `k` best of `group` (sorted by bound) on the planner's rings: planned in order
+        until the next one's bound does not beat the k-th (perfect rings would not beat it:
+        neither will real ones)."""
+        best: list[tuple[tuple[Any, ...], Choice]] = []
         for c in group:
             if len(best) >= k and c.bound >= best[k - 1][0]:
-                break  # perfect rings would not beat the top: neither will real ones
-            if id(c) not in done:
-                config = MeshConfig(HybridMeshShape(c.ici, c.dcn), c.space.names, c.space.batch)
-                plan = plan_config(config, devices, granule="auto", hardware=hardware)
-                efficiency = {a: q.link_factor for a, q in plan.quality().items()}
-                best_recipe = fastest(model, c.roles, c.factors, efficiency, device, c.recipes)
-                ranking.planned += 1
-                e, t = best_recipe.estimate, best_recipe.train
-                done[id(c)] = (best_recipe.key, Choice(config, plan, e, t, best_recipe.beyond))
-            best.append(done[id(c)])
+                break
+            best.append(self.choice(c))
             best.sort(key=lambda b: b[0])
         return [choice for _, choice in best[:k]]
 
-    ranking.extend(planned(candidates, top))
-    # the fastest mesh with a pipeline and the fastest without, where the search had both
+
+def _pipeline_pair(ranking: Ranking, candidates: list[Candidate], planner: Planner) -> None:
+    """Where the search had meshes with a pipeline and without: the fastest of each kept on
+    the ranking (`with_pipeline`, `without_pipeline`; planned where not ranked), so that its
+    text can say what the pipeline costs and saves."""
     kinds = {k: [c for c in candidates if c.staged == k] for k in (True, False)}
-    if all(kinds.values()):
-        for staged, group in kinds.items():
-            ranked = [c for c in ranking if (c.estimate.pipeline is not None) == staged]
-            found = ranked[0] if ranked else planned(group, 1)[0]
-            if staged:
-                ranking.with_pipeline = found
-            else:
-                ranking.without_pipeline = found
-    return ranking
+    if not all(kinds.values()):
+        return
+    for staged, group in kinds.items():
+        ranked = [c for c in ranking if (c.estimate.pipeline is not None) == staged]
+        found = ranked[0] if ranked else planner.best(group, 1)[0]
+        if staged:
+            ranking.with_pipeline = found
+        else:
+            ranking.without_pipeline = found
 
 
 def auto_preset(
