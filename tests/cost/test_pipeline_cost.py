@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import product
 
 import pytest
 
 from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
 from loadax_mesh.cost import estimate
+from loadax_mesh.cost.memory.terms import phases
+from loadax_mesh.cost.pipeline.memory import pipeline_memory_floor, pipeline_memory_terms
+from loadax_mesh.hardware.profile import hardware_profile
 from loadax_mesh.workload import ModelSpec, TrainSpec
+from loadax_mesh.workload.layout import roles, stages_of
 from loadax_mesh.workload.stages import bubble
 
 LONG = ModelSpec(
@@ -256,3 +261,35 @@ def test_moe_stages_are_priced_with_their_experts() -> None:
     assert piped.terms["stage weights"] > dense.terms["stage weights"]
     assert piped.flops > dense.flops
     assert piped.model_flops == pytest.approx(flat.model_flops)
+
+
+@pytest.mark.parametrize(
+    "hardware, model, axes",
+    [
+        ("tpu-v5p-32", LONG, {"pipeline": 2, "fsdp": 8}),
+        ("tpu-v5p-32", MOE, {"pipeline": 2, "fsdp": 4, "expert": 2}),
+        ("gpu-p5.48xlarge-16", LONG, {"pipeline": 2, "data": 2, "fsdp": 2, "model": 2}),
+        ("gpu-p5.48xlarge-16", MOE, {"pipeline": 4, "fsdp": 2, "expert": 2}),
+    ],
+)
+def test_the_pipelined_floor_is_every_recipes_and_below_its_peak(hardware, model, axes) -> None:
+    """`pipeline_memory_floor`, which lets `choose_mesh` drop a pipelined mesh before pricing
+    its recipes: one value for every recipe on a layout (its repeats), and none's peak below
+    it."""
+    p = plan(hardware, **axes)
+    r = roles(tuple(p.shape.items()), p.batch_axis_names)
+    device = hardware_profile(hardware).facts()
+    S = r.size("pipeline")
+    floors: dict[int, set[int]] = {}
+    for remat, micro, chunks, path, pm, repeats in product(
+        ("none", "dots", "full"), (1, 2), (1, 4), ("dropless", "capacity"), (S, 2 * S), (1, 2)
+    ):
+        train = TrainSpec(global_batch=64, remat=remat, microbatches=micro, logits_chunks=chunks,
+                          moe=path, pipeline_microbatches=pm, pipeline_repeats=repeats)  # fmt: skip
+        st = stages_of(model, train, r)
+        assert st is not None
+        terms = pipeline_memory_terms(model, train, r, st, device)
+        floor = pipeline_memory_floor(model, train, r, st, device)
+        assert floor <= sum(terms[k] for k in phases(terms)[1])
+        floors.setdefault(repeats, set()).add(floor)
+    assert all(len(found) == 1 for found in floors.values()), floors

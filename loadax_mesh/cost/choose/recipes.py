@@ -20,7 +20,7 @@ from ...workload.layout import Roles, check_fit, stages_of
 from ...workload.spec import ModelSpec, MoePath, TrainSpec
 from ..band import memory_band
 from ..memory.terms import host_bytes, memory_floor, memory_terms, phases
-from ..pipeline.memory import pipeline_memory_terms
+from ..pipeline.memory import pipeline_memory_floor, pipeline_memory_terms
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
@@ -194,6 +194,25 @@ class MeshRecipes:
                 out.append(m)
         return out
 
+    def over_floor(self, rows: int, wanted: list[dict[str, Any]]) -> bool:
+        """Whether, on a mesh with a pipeline, every pipeline searched holds more than the
+        model's error leaves possible in the terms no recipe changes
+        (`pipeline_memory_floor`), so that no recipe fits."""
+        floors: dict[Pipe, int] = {}
+        for path, remat, _, micro, pipe in recipe_space(self.train, rows, wanted):
+            micro = [] if pipe in floors else self.staged(path, remat, micro, pipe)
+            t = self.spec(path, remat, micro[0], pipe) if micro else None
+            if t is None or "offload" in t.placements.values():
+                continue  # found, or no recipe of this pipeline and remat is priced
+            st = stages_of(self.model, t, self.r)
+            assert st is not None  # the mesh has a pipeline axis larger than 1
+            floors[pipe] = pipeline_memory_floor(
+                self.model, t, self.r, st, self.facts, replicas_across_granules=self.across
+            )
+            if floors[pipe] <= self.limits.possible:
+                return False
+        return True
+
     def chunks_ok(self, first: TrainSpec, c: int) -> bool:
         """Whether `c` logits chunks divide a device's tokens (`check_fit`, with the first
         recipe that asks)."""
@@ -271,17 +290,22 @@ def fitting_recipes(
     term, so each remat and micro-batch count is priced once for every chunk count.
     `replicas_across_granules`: memory.memory_terms's (estimate.holds_tables). `floor`: a mesh
     whose terms no recipe changes (memory.memory_floor: parameters, optimizer state, gradient
-    shards, tables, the batch) exceed the limit gets no recipe and no least at once (most
-    meshes of a large MoE). Where no micro-batch count of a remat and chunk count fits the
+    shards, tables, the batch; with a pipeline pipeline_memory_floor, for every pipeline
+    searched) exceed the limit gets no recipe and no least at once (most meshes of a large
+    MoE). Where no micro-batch count of a remat and chunk count fits the
     headroom's limit, the fewest that the model's measured error leaves possible (cost/band.py:
     up to the HBM times its largest overestimate) is kept, marked `beyond`."""
     limits, across = Limits.of(facts, headroom), replicas_across_granules
     staged = r.size("pipeline") > 1
     search = MeshRecipes(model, train, r, facts, across, limits)
     rows = train.global_batch // r.size("batch")
-    floor = floor and not staged  # memory_floor is a plain step's: none for a pipeline
-    if floor and memory_floor(model, train, r, facts, replicas_across_granules=across) > (
-        limits.possible
+    # the terms no recipe changes exceed what may fit: no recipe, and no least
+    if floor and staged and search.over_floor(rows, wanted):
+        return [], None
+    if (
+        floor
+        and not staged
+        and memory_floor(model, train, r, facts, replicas_across_granules=across) > limits.possible
     ):
         return [], None
     offloads = not missing_host_facts(facts)

@@ -92,3 +92,30 @@ def pipeline_memory_terms(
         # GPU's second layout of the routed experts: a stage's MoE layers' and the lead ones'
         "expert stacks": outer["expert stacks"] * stage_moe // max(model.num_moe_layers, 1),
     }
+
+
+# The terms of a pipelined step that no recipe changes and that both the layer loop and the
+# tail hold (memory/terms.py's TERMS): the arguments, the gradient shards and their reduced copy
+FLOOR = ("params", "optimizer", "batch", "expert stacks", "gradients", "reduced gradients")
+
+
+def pipeline_memory_floor(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    device: DeviceFacts,
+    *,
+    replicas_across_granules: bool = False,
+) -> int:
+    """A lower bound of the peak of every recipe on these stages' layout (S stages of R
+    chunks; memory.memory_floor's for a pipelined step): the arguments, the gradient shards
+    and their reduced copy, and the larger of what the tail adds (the tables) and what the
+    layer loop adds that no recipe changes (a chunk of stage weights). The recipe (its
+    micro-batches, remat, logits chunks, MoE path and pipeline micro-batches) changes only
+    the other terms, so `train` may be any recipe on this layout."""
+    terms = pipeline_memory_terms(
+        model, train, r, st, device, replicas_across_granules=replicas_across_granules
+    )
+    fixed = sum(terms.get(k, 0) for k in FLOOR)
+    return fixed + max(terms["embeddings"] + terms["held tables"], terms["stage weights"])
