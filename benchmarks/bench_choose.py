@@ -8,7 +8,12 @@ many shapes and splits it considered, how many it planned, and the cold time of 
 search costs when other work shares the cores). Since issue #20 each search ranks recipes
 (remat, micro-batches, logits chunks) with the meshes. Target: under 2 s for 8,960 chips.
 
-    python benchmarks/bench_choose.py [--rounds N]
+Then the searches with pipelines beside the one without, in the same run (`SIDE_BY_SIDE`):
+each one's CPU seconds, the first call (what a fresh `plan --strategy auto` pays, caches
+empty) and the median of the warm ones, and their ratio to the first (issue 50's targets:
+at most 2x for LLaMA-3 70B on p5.48xlarge-512, 3x for Mixtral 8x7B on p5e.48xlarge-32).
+
+    python benchmarks/bench_choose.py [--rounds N] [--side-by-side]
 """
 
 from __future__ import annotations
@@ -36,6 +41,15 @@ CASES = [
     ("tpu-v5p-17920", "llama3-70b", 8960),
     ("tpu-v5p-17920", "llama3-405b", 4480),
     ("tpu-v5p-2048-8", "llama3-405b", 8192),  # 8 slices: pipelines across them searched too
+]
+
+
+# (hardware, model, global batch): the reference (one slice, no pipeline searched), then two
+# searches that add pipelines across granules (GPU hosts), dense and MoE
+SIDE_BY_SIDE = [
+    ("tpu-v5p-1024", "llama3-70b", 512),
+    ("gpu-p5.48xlarge-512", "llama3-70b", 512),
+    ("gpu-p5e.48xlarge-32", "mixtral-8x7b", 256),
 ]
 
 
@@ -82,10 +96,30 @@ def measure(hardware: str, name: str, batch: int, rounds: int) -> str:
     )
 
 
+def side_by_side(rounds: int) -> None:
+    """SIDE_BY_SIDE's searches in one run: CPU seconds of the first call and the median of
+    `rounds` more, each against the first case's."""
+    print("\nhardware | model | batch | first CPU s | warm CPU s | first / ref | warm / ref")
+    ref: tuple[float, float] | None = None
+    for hardware, name, batch in SIDE_BY_SIDE:
+        model, train = ModelSpec.from_name(name), TrainSpec(global_batch=batch)
+        first = cpu_seconds(lambda: choose_mesh(hardware, model, train), 1)  # noqa: B023
+        warm = cpu_seconds(lambda: choose_mesh(hardware, model, train), rounds)  # noqa: B023
+        ref = ref or (first, warm)
+        print(f"{hardware} | {name} | {batch} | {first:.2f} | {warm:.2f} | "
+              f"{first / ref[0]:.1f}x | {warm / ref[1]:.1f}x", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--side-by-side", action="store_true", help="only the searches with pipelines beside"
+    )
     args = parser.parse_args()
+    if args.side_by_side:
+        side_by_side(args.rounds)
+        return
     print(
         "hardware | model | batch | choose s | choose CPU s | one plan+estimate s | considered | "
         "planned | winner (recipe)"
@@ -104,6 +138,7 @@ def main() -> None:
     print(f"\ncold, a fresh process (imports included), 8,960 chips: {wall:.2f} s "
           f"({child.ru_utime + child.ru_stime:.2f} s CPU; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")  # fmt: skip
+    side_by_side(args.rounds)
 
 
 if __name__ == "__main__":
