@@ -102,11 +102,13 @@ FLAG_NOTES = {
     "remat": "On the command line a policy or tensor=placement pairs such as "
     "layer_input=offload,query=offload (tensors not named are recomputed).",
 }
+# Choices a flag takes for `--strategy auto` alone: what the search may vary (the user asks)
+AUTO_ONLY = {"moe": ("any",)}
 AUTO_SEARCHES = {
     "remat": "searched unless given",
     "microbatches": "searched unless given",
     "logits_chunks": "searched unless given",
-    "moe": "both searched unless given (a model with experts)",
+    "moe": "kept as given (dropless by default); `any` searches both paths",
     "pipeline_microbatches": "searched on meshes with a pipeline axis unless given",
     "pipeline_repeats": "searched on meshes with a pipeline axis unless given",
 }
@@ -129,7 +131,7 @@ def train_flags() -> dict[str, tuple[dict[str, Any], str]]:
         hint = hints[f.name]
         options: dict[str, Any]
         if get_origin(hint) is Literal:
-            options = {"choices": list(get_args(hint))}
+            options = {"choices": list(get_args(hint)) + list(AUTO_ONLY.get(f.name, ()))}
         elif f.name in TEXT_FIELDS:
             options = {"metavar": TEXT_FIELDS[f.name]}
         elif hint is int:
@@ -176,6 +178,11 @@ def train_fields(args: argparse.Namespace) -> dict[str, Any]:
 
     parsers = {"remat": parse_remat}
     given = {k: getattr(args, k) for k in given_fields(args)}
+    for k, choices in AUTO_ONLY.items():  # `--strategy auto` reads these itself
+        if given.get(k) in choices:
+            if getattr(args, "strategy", None) != "auto":
+                raise UsageError(f"--{k.replace('_', '-')} {given[k]} is for --strategy auto")
+            del given[k]
     return {k: parsers[k](v) if k in parsers else v for k, v in given.items()}
 
 

@@ -53,7 +53,7 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     """`--strategy auto`: the winner's config, the ranking (whose first choice's `train` is the
     recipe it won with), and a note saying so. The recipe fields given pin the search's."""
     from ..cost import choose_mesh
-    from ..cost.choose.recipes import PIPELINE_FIELDS, RECIPE_FIELDS
+    from ..cost.choose.recipes import MOE_PATHS, PIPELINE_FIELDS, RECIPE_FIELDS
     from ..view.estimate import auto_note
 
     if args.hardware is None:
@@ -71,8 +71,10 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     model, train = specs(args)
     fixed = {k: v for k, v in train_fields(args).items() if k in RECIPE_FIELDS}
     pins = {k: v for k, v in fixed.items() if k in PIPELINE_FIELDS}
-    ranking = choose_mesh(args.hardware, model, train, recipes=[fixed], facts=given_facts(args))
-    fields = ("remat", "microbatches", "logits_chunks") + ("moe",) * bool(model.num_experts)
+    both = getattr(args, "moe", None) == "any" and bool(model.num_experts)
+    recipes = [fixed | {"moe": p} for p in MOE_PATHS] if both else [fixed]
+    ranking = choose_mesh(args.hardware, model, train, recipes=recipes, facts=given_facts(args))
+    fields = ("remat", "microbatches", "logits_chunks") + ("moe",) * both
     if ranking[0].estimate.pipeline is not None:
         fields += ("pipeline_microbatches", "pipeline_repeats")
     searched = [f"--{k.replace('_', '-')}" for k in fields if k not in fixed]

@@ -85,6 +85,10 @@ def ranking_text(ranking: RankingView) -> str:
             f"(~) {', '.join(unsure)}. memory within the model's error{error} so the compiled "
             "step may not fit: compile to confirm"
         )
+    if len(ranking) and ranking.numerics:
+        step = ranking[0].estimate.step_seconds
+        priced = ", ".join(f"{what} {s:.3f} s ({step / s:.2f}x)" for what, s in ranking.numerics)
+        marks.append(f"numerics are yours, kept as given; choice 1 with others: {priced}")
     if len(ranking) and ranking[0].estimate.profile.traits.preallocated_pool:
         marks.append(f"memory of a GPU, {gpu_pool_text(ranking[0].estimate.hbm_bytes)}")
     conditions: dict[str, list[str]] = {}  # a condition, without its step -> its rows
@@ -133,6 +137,8 @@ def ranking_data(ranking: RankingView) -> dict[str, Any]:
         "unsearched": ranking.unsearched,
         "assumed": ranking.assumed,
         "pipeline_stages_searched": list(ranking.stages),  # by default, across granules
+        # the winner with numerics the user did not choose: what -> its step seconds
+        "other_numerics": dict(ranking.numerics),
         "choices": [
             {
                 "ici_mesh_shape": list(c.ici),

@@ -150,3 +150,21 @@ def test_expert_backward_holds_the_input_gradients_beside_narrow_experts():
     rows = 4 * S * K
     assert work(512) - work(256) == 3 * rows * 256 * 2  # below 3 x d_model: the input's gradient
     assert work(8192) - work(4096) == 4 * rows * 4096 * 2  # above: the SwiGLU's backward
+
+
+def test_the_chooser_keeps_the_users_moe_path_and_prices_the_other() -> None:
+    """Which tokens train is the user's call: the default (dropless) search returns dropless
+    choices only, `moe="capacity"` capacity only, both only where the recipes name both; the
+    ranking prices the winner with the path it did not search."""
+    model, hw = SMALL_MOE, "tpu-v5p-16"
+    dropless = choose_mesh(hw, model, TrainSpec(global_batch=64))
+    assert {c.train.moe for c in dropless} == {"dropless"}
+    assert next(w for w, _ in dropless.numerics) == "moe capacity"
+    capacity = choose_mesh(hw, model, TrainSpec(global_batch=64, moe="capacity"))
+    assert {c.train.moe for c in capacity} == {"capacity"}
+    both = choose_mesh(
+        hw, model, TrainSpec(global_batch=64), recipes=[{"moe": "dropless"}, {"moe": "capacity"}]
+    )
+    assert not any(w.startswith("moe") for w, _ in both.numerics)
+    assert both[0].estimate.step_seconds <= min(dropless[0].estimate.step_seconds,
+                                                capacity[0].estimate.step_seconds)  # fmt: skip

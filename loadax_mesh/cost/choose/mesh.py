@@ -23,7 +23,7 @@ if not ranked), so that its text can say what the pipeline costs and saves.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ...config import MeshConfig
@@ -33,8 +33,8 @@ from ...hardware.strings import simulate_devices
 from ...plan import MeshPlan, plan_config
 from ...shapes import HybridMeshShape
 from ...workload.layout import check_modelled
-from ...workload.spec import ModelSpec, TrainSpec
-from ..estimate import Estimate
+from ...workload.spec import QUANTIZATION, ModelSpec, TrainSpec
+from ..estimate import Estimate, estimate
 from .pipeline import dcn_pipelines
 from .recipes import (
     MOE_PATHS,
@@ -96,6 +96,9 @@ class Ranking(list[Choice]):
         self.with_pipeline: Choice | None = None
         self.without_pipeline: Choice | None = None
         self.device: DeviceFacts | None = None  # the facts the search priced with
+        # the winner's mesh and recipe with the numerics the user did not choose (the other MoE
+        # path, another precision the chip has a peak for): (what, its step seconds)
+        self.numerics: list[tuple[str, float]] = []
 
     def __str__(self) -> str:
         """The ranking as text, as `loadax-mesh plan --strategy auto` prints it."""
@@ -138,11 +141,12 @@ def choose_mesh(
         recipes: narrows the recipe search: mappings from recipe fields (RECIPE_FIELDS) to
             values; a field a mapping leaves out is searched (remat over REMATS, microbatches
             over the divisors of the per-replica batch, logits_chunks over LOGITS_CHUNKS,
-            and for a model with experts moe over MOE_PATHS, dropless and capacity, priced as
-            the platform runs each; all in cost/choose/recipes.py), so `[{}]` is the whole search
-            and `[{"remat": "full", "microbatches": 1, "logits_chunks": 1, "moe":
-            "dropless"}]` one recipe (`{"moe": "dropless"}` keeps every token copy). None
-            (default): the whole search.
+            all in cost/choose/recipes.py), so `[{}]` is the whole search and `[{"remat":
+            "full", "microbatches": 1, "logits_chunks": 1}]` one recipe. Numerics stay the
+            user's: the MoE path is `train.moe` unless a mapping names one (`[{"moe":
+            "dropless"}, {"moe": "capacity"}]` searches both), and `train.quantization` is
+            never changed; `Ranking.numerics` says what the others would give on the winner's
+            mesh. None (default): the whole search.
         facts: catalogue facts set for this search (as `estimate`'s `facts`).
 
     Choices that rest on an assumption (a fact with no source: `Estimate.assumes`) or whose
@@ -180,7 +184,36 @@ def choose_mesh(
     planner = Planner(model, hardware, device, simulate_devices(spec), ranking)
     ranking.extend(planner.best(candidates, top))
     _pipeline_pair(ranking, candidates, planner)
+    ranking.numerics = _other_numerics(ranking[0], model, wanted, facts)
     return ranking
+
+
+def _other_numerics(
+    best: Choice,
+    model: ModelSpec,
+    wanted: list[dict[str, Any]],
+    facts: Mapping[str, str | float] | None,
+) -> list[tuple[str, float]]:
+    """The winner's mesh and recipe priced with the numerics the search kept fixed: the MoE
+    path it did not search and each precision other than the user's; one that does not fit
+    there, or that the chip has no peak for, is left out."""
+    t = best.train
+    others: list[tuple[str, dict[str, Any]]] = []
+    if model.num_experts and len({w["moe"] for w in wanted}) == 1:
+        other = next(p for p in MOE_PATHS if p != t.moe)
+        others.append((f"moe {other}", {"moe": other}))
+    others += [
+        (f"quantization {q}", {"quantization": q}) for q in QUANTIZATION if q != t.quantization
+    ]
+    found = []
+    for what, change in others:
+        try:
+            e = estimate(best.plan, model, replace(t, **change), facts=facts)
+        except MeshConfigError:  # a precision the chip has no peak for, a path not built there
+            continue
+        if e.fits:
+            found.append((what, e.step_seconds))
+    return found
 
 
 def _search_options(
@@ -193,7 +226,8 @@ def _search_options(
 ) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
     """`choose_mesh`'s arguments checked: the axes it searches (AXES, or MOE_AXES for a model
     with experts, where `axes` is None) and the recipes it tries (for a model with experts
-    both MoE paths, unless a recipe pins one)."""
+    the user's MoE path, `train.moe`, unless a recipe names one: which tokens train is the
+    user's call, so both paths are searched only where `recipes` names both)."""
     # else each mesh's refusal would read as "fits no mesh"
     check_modelled(model, experts=True, latent=True)
     if axes is None:
@@ -203,7 +237,7 @@ def _search_options(
         raise MeshConfigError(f"headroom={headroom!r}; accepted: a float in [0, 1)")
     wanted = check_recipes(recipes, train)
     if model.num_experts:
-        wanted = [w | {"moe": p} for w in wanted for p in ([w["moe"]] if "moe" in w else MOE_PATHS)]
+        wanted = [w if "moe" in w else w | {"moe": train.moe} for w in wanted]
     return names, wanted
 
 

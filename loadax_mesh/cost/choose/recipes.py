@@ -17,7 +17,7 @@ from typing import Any
 from ...errors import MeshConfigError
 from ...hardware.profile import DeviceFacts
 from ...workload.layout import Roles, check_fit, stages_of
-from ...workload.spec import ModelSpec, MoePath, TrainSpec
+from ...workload.spec import MOE, ModelSpec, MoePath, TrainSpec
 from ..band import memory_band
 from ..memory.terms import host_bytes, memory_floor, memory_terms, phases
 from ..pipeline.memory import pipeline_memory_floor, pipeline_memory_terms
@@ -35,7 +35,7 @@ RECIPE_FIELDS = (
 PIPELINE_FIELDS = ("pipeline_microbatches", "pipeline_repeats")
 # A MoE model's two paths (TrainSpec.moe): every token copy computed, or at most
 # capacity_factor x the even share per expert (the rest dropped)
-MOE_PATHS = ("dropless", "capacity")
+MOE_PATHS = MOE
 MAXTEXT_OFFLOAD = {t: "offload" for t in ("layer_input", "query", "key", "value", "out_proj")}
 MAXTEXT_MOE_OFFLOAD = {t: "offload" for t in ("layer_input", "out_proj")}
 REMATS: tuple[str | dict[str, str], ...] = (
