@@ -295,11 +295,6 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     device's rows, logits chunks each device's slice of the sequence; with a pipeline axis
     larger than 1, the pipeline fields. Returns the step's stages (`stages_of`), or None."""
     check_modelled(model, by="the reference step and the cost model", experts=True, latent=True)
-    if train.quantization != "none":
-        raise MeshConfigError(
-            f"quantization={train.quantization!r} is not built yet in the reference step and "
-            "the cost model; accepted: none"
-        )
     st = stages_of(model, train, r)
     batch = r.size("batch")
     if train.global_batch % batch:
