@@ -4,13 +4,15 @@ Each is a custom VJP, as qwix's quantized training builds them (its `dot_general
 itself reaches a step only through a flax model's interception, which this plain-jax step has
 none of): both operands quantized with current absmax scales, multiplied in low precision with
 a wide accumulator, the scales applied to the product. fp8: float8_e4m3fn operands forward,
-the gradient in float8_e5m2, float32 accumulation; int8: int8 operands and int8 gradients,
-int32 accumulation. Scales are per channel: a scale for each index of the dims that are not
-contracted (an activation's or gradient's row, a weight's output channel), the absmax over
-the contracted ones, so the scales factor out of the sum. The backward pass reuses the
-forward's quantized operands: the scale of the operand it contracts against is first
-multiplied into the incoming gradient, which is then quantized per row of its own (qwix's
-scale shifting). Results come out in the dtype of the step's activations.
+the gradient in float8_e5m2, float32 accumulation inside the GEMM and the product written in
+the activations' dtype (as qwix writes it: the partial sums the devices reduce are then as wide
+as the bfloat16 step's); int8: int8 operands and int8 gradients, int32 products. Scales are
+per channel: a scale for each index of the dims that are not contracted (an activation's or
+gradient's row, a weight's output channel), the absmax over the contracted ones, so the scales
+factor out of the sum. The backward pass reuses the forward's quantized operands: the scale of
+the operand it contracts against is first multiplied into the incoming gradient, which is then
+quantized per row of its own (qwix's scale shifting). Results come out in the dtype of the
+step's activations.
 
 Expert matmuls: `grouped` for `jax.lax.ragged_dot` (TPU and CPU), the rows per row, the
 weights per output channel over every expert; tokamax's GPU kernels stay in compute dtype.
