@@ -3,15 +3,18 @@
 XLA's HLO cost analysis (the CPU backend's, over the module text) counts a while body once and
 knows nothing of custom calls: each one adds -1 (HloCostAnalysis::HandleCustomCall marks its
 cost unknown). So the body of every loop is analysed on its own and multiplied by its trip
-count, and the GPU kernels the step runs are counted here from their shapes: cuDNN's fused
+count, and the kernels the step runs are counted here from their shapes: cuDNN's fused
 attention (`__cudnn$fmha...`, what `jax.nn.dot_product_attention` with implementation="cudnn"
-compiles to) and tokamax's grouped matmuls (Mosaic GPU kernels, `mosaic_gpu...`).
+compiles to), tokamax's grouped matmuls (Mosaic GPU kernels, `mosaic_gpu...`), cuBLAS GEMMs
+and libtpu's grouped matmuls (jax's ragged_dot on TPU). Of them, `quantized_flops` counts those
+in matmuls of fp8 or int8 operands.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from functools import cache
 from typing import Any
 
@@ -55,9 +58,10 @@ def step_flops(compiled: Any, hlo: HloText) -> float | None:
     except (RuntimeError, ValueError):  # the module text did not parse back: no figure
         return None
     for name, body in hlo.computations.items():
+        local = {i.name: i for i in body}
         for i in body:
-            if i.opcode == "custom-call" and call_target(i).startswith(_COUNTED):
-                counted = kernel_flops(i)
+            if i.opcode == "custom-call" and counted_call(i):
+                counted = kernel_flops(i, _arrays(local, hlo, i))
                 if counted is None:
                     return None
                 # XLA's analysis gave this call -1: undo that, add what it computes.
@@ -65,17 +69,160 @@ def step_flops(compiled: Any, hlo: HloText) -> float | None:
     return flops if flops >= 0 else None
 
 
-_COUNTED = (CUDNN_ATTENTION, MOSAIC_GPU)
+# cuBLAS's GEMMs as XLA's GPU compiler calls them (`__cublas$gemm`, `__cublas$lt$matmul`, and
+# `__cublas$lt$matmul$f8` for fp8 operands with their scale factors)
+CUBLAS = "__cublas$"
+_COUNTED = (CUDNN_ATTENTION, MOSAIC_GPU, CUBLAS)
+# The element types of a low-precision matmul's operands: fp8 (every float8 format) and int8
+# (and narrower integers)
+_LOW_PRECISION = ("f8", "s8", "u8", "s4", "u4")
 
 
-def kernel_flops(call: Instruction) -> int | None:
-    """The FLOPs of one GPU kernel call (cuDNN's attention or a grouped matmul), None where
-    its kind is not counted here."""
+def counted_call(call: Instruction) -> bool:
+    """A custom call whose FLOPs `kernel_flops` counts: cuDNN's attention, a Mosaic GPU
+    kernel, a cuBLAS GEMM, or libtpu's grouped matmul (jax's ragged_dot on TPU: a Mosaic TPU
+    kernel with a `ragged_dot_tiling`)."""
+    return call_target(call).startswith(_COUNTED) or _tpu_ragged_dot(call)
+
+
+def _tpu_ragged_dot(call: Instruction) -> bool:
+    return call_target(call) == "tpu_custom_call" and "ragged_dot_tiling=" in call.attributes
+
+
+def quantized_flops(hlo: HloText) -> float | None:
+    """FLOPs per device per step in matmuls whose two operands are fp8 or int8: every dot and
+    convolution of the optimised module (inside fusions too: XLA's GPU compiler puts its
+    GEMMs in Triton fusions, libtpu its matmuls in convolution fusions), cuBLAS GEMM call and
+    libtpu grouped matmul, times how often a step runs its computation (loop trips counted).
+    None where such a matmul's size cannot be read (no figure rather than a wrong one)."""
+    total = 0.0
+    for name, body in hlo.computations.items():
+        times = hlo.multiplicity.get(name, 0)
+        local = {i.name: i for i in body}
+        for i in body if times else ():
+            matmul = i.opcode in ("dot", "convolution") or (
+                i.opcode == "custom-call"
+                and (call_target(i).startswith(CUBLAS) or _tpu_ragged_dot(i))
+            )
+            operands = _arrays(local, hlo, i) if matmul else []
+            if _tpu_ragged_dot(i):  # after the groups' metadata: the rows and the weights
+                operands = operands[-2:]
+            if len(operands) < 2 or not all(
+                a is not None and a[0].startswith(_LOW_PRECISION) for a in operands[:2]
+            ):
+                continue
+            flops = matmul_flops(i, operands)  # type: ignore[arg-type]
+            if flops is None:
+                return None
+            total += times * flops
+    return total
+
+
+def matmul_flops(i: Instruction, operands: list[tuple[str, tuple[int, ...]]]) -> float | None:
+    """The FLOPs of a dot or cuBLAS GEMM call (2 x result elements x the lhs's contracting
+    dims, a GEMM's read from its backend config), of libtpu's grouped matmul (rows [M, K]
+    against their group's weights: 2 M K N), or of a convolution (XLA's cost analysis of it
+    alone: libtpu writes matmuls as convolutions, some with padded windows that hold one
+    valid position); `operands` their (element type, dims). None where they cannot be read."""
+    shapes = ARRAY.findall(i.shape)
+    if not shapes:
+        return None
+    if i.opcode == "convolution":
+        return _convolution_flops(i, operands, f"{shapes[0][0]}[{shapes[0][1]}]")
+    out = tuple(int(d) for d in shapes[0][1].split(",") if d)  # a GEMM's: its first array
+    if _tpu_ragged_dot(i):
+        (_, rows), (_, weights) = operands[-2:]
+        if len(rows) != 2 or len(out) != 2 or sorted(weights[1:]) != sorted((rows[1], out[1])):
+            return None
+        return float(2 * rows[0] * rows[1] * out[1])
+    if i.opcode == "dot":
+        found = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", i.attributes)
+        contracting = found[1] if found else ""
+    else:
+        config = _backend_config(i).get("gemm_backend_config", {})
+        numbers = config.get("dot_dimension_numbers", {})
+        contracting = ",".join(numbers.get("lhs_contracting_dimensions", []))
+    lhs = operands[0][1]
+    axes = [int(a) for a in contracting.split(",") if a]
+    if not axes or max(axes) >= len(lhs):
+        return None
+    return float(2 * math.prod(out) * math.prod(lhs[a] for a in axes))
+
+
+# A convolution's attributes that say what it computes.
+_CONVOLUTION = re.compile(
+    r"\b(?:window=\{[^}]*\}|dim_labels=[\w>-]+|feature_group_count=\d+|batch_group_count=\d+)"
+)
+
+
+def _convolution_flops(
+    i: Instruction, operands: list[tuple[str, tuple[int, ...]]], result: str
+) -> float | None:
+    try:
+        import jax
+        from jax._src.lib import _jax
+        from jaxlib._hlo import hlo_module_from_text
+
+        client = jax.devices("cpu")[0].client
+    except (ImportError, RuntimeError):
+        return None
+    params = [
+        f"  p{k} = {dtype}[{','.join(map(str, dims))}] parameter({k})"
+        for k, (dtype, dims) in enumerate(operands[:2])
+    ]
+    attributes = ", ".join(_CONVOLUTION.findall(i.attributes))
+    root = f"  ROOT r = {result} convolution(p0, p1), {attributes}"
+    text = "\n".join(["HloModule one", "ENTRY e {", *params, root, "}"])
+    try:
+        cost = _jax.hlo_module_cost_analysis(client, hlo_module_from_text(text))
+    except (RuntimeError, ValueError):
+        return None
+    return float(cost.get("flops", 0.0)) or None
+
+
+def _arrays(
+    local: dict[str, Instruction], hlo: HloText, i: Instruction
+) -> list[tuple[str, tuple[int, ...]] | None]:
+    """An instruction's operands' element types and dims: a custom call's from its operand
+    layouts where it gives them, else from the instructions that define them."""
+    given = operand_types(i)
+    if given:
+        return list(given)
+    return [_array(local, hlo, o) for o in _operands(i)]
+
+
+def _operands(i: Instruction) -> list[str]:
+    return [o.strip().split(" ")[-1].lstrip("%") for o in i.operands.split(",") if o.strip()]
+
+
+def _array(
+    local: dict[str, Instruction], hlo: HloText, name: str
+) -> tuple[str, tuple[int, ...]] | None:
+    """An operand's element type and dims, from the instruction that defines it (in the same
+    computation, else anywhere in the module)."""
+    found = local.get(name) or hlo.by_name.get(name)
+    arrays = ARRAY.findall(found.shape) if found is not None else []
+    if len(arrays) != 1:
+        return None
+    dtype, dims = arrays[0]
+    return dtype, tuple(int(d) for d in dims.split(",") if d)
+
+
+def kernel_flops(
+    call: Instruction, operands: list[tuple[str, tuple[int, ...]] | None] | None = None
+) -> float | None:
+    """The FLOPs of one kernel call (cuDNN's attention, a grouped matmul, a cuBLAS GEMM),
+    None where its kind is not counted here; `operands`: its operands' (element type, dims),
+    which a cuBLAS call does not print with it."""
     target = call_target(call)
     if target.startswith(CUDNN_ATTENTION):
         return attention_flops(call)
     if target.startswith(MOSAIC_GPU):
         return grouped_matmul_flops(call)
+    if target.startswith(CUBLAS) or _tpu_ragged_dot(call):
+        if operands is None or len(operands) < 2 or None in operands:
+            return None
+        return matmul_flops(call, operands)  # type: ignore[arg-type]
     return None
 
 

@@ -3,7 +3,8 @@
 Memory per device from `memory_analysis()`, fit against the catalogue's HBM (on GPU the pool
 jax's client preallocates) and, for buffers a remat policy offloads, host memory against the
 catalogue's host memory per device; FLOPs per step (flops.py: XLA's own cost analysis with
-loop bodies counted once per trip, cuDNN attention counted from its shapes), the program's own
+loop bodies counted once per trip, cuDNN attention counted from its shapes; of them, those in
+fp8 or int8 matmuls), the program's own
 roofline (roofline.py: per operation max(FLOPs / peak, bytes / HBM bandwidth)), and every
 collective of the optimised HLO with its bytes, how often a step runs it, the mesh axes its
 groups span and how many of its bytes cross hosts and granules (host_split.py). On TPU also
@@ -26,7 +27,7 @@ from ..hardware.catalogue import host_memory_per_device
 from ..hardware.gpu_targets import device_hbm
 from ..hardware.profile import HardwareProfile, catalogue_profile
 from ..hardware.traits import attention_kernel, platform_traits
-from .flops import step_flops
+from .flops import quantized_flops, step_flops
 from .hlo import Collective, HloText, collectives
 from .host_split import across_bytes
 from .replica_groups import group_axes, varying_axes
@@ -98,6 +99,10 @@ class CompileReport:
     # The compiled program's lower bound on its run time (roofline.py), None where the
     # catalogue lacks the chip's peak or HBM bandwidth or an operation was not counted.
     roofline_seconds: float | None = None
+    # Of `flops`, those in matmuls whose operands are fp8 or int8 (flops.quantized_flops: the
+    # optimised module's dots, convolutions and cuBLAS GEMMs, loop trips counted); None where
+    # not counted (a refusal, or a matmul whose size could not be read).
+    quantized_flops: float | None = None
     # TPU: the device memory libtpu's buffer assignment gives the program (its arguments and
     # its preallocated temp block), what its own HBM check counts; `memory_analysis()`'s temp
     # can exceed that block by GBs. None on other platforms, on refusal, and where the program
@@ -202,6 +207,7 @@ def compile_step(
         # 35.04 GB against 33.55 usable, yet a 29.68 GB buffer assignment, and the run ran).
         fits=_fits(None if traits.compiler_judges_fit else total, hbm, on_host, host),
         flops=step_flops(compiled, hlo),
+        quantized_flops=quantized_flops(hlo),
         collectives=_items(plan, mesh, hlo),
         host_bytes=on_host,
         roofline_seconds=_roofline(hlo.text, profile, mesh.devices.size),

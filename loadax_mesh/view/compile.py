@@ -31,9 +31,11 @@ def _recipe(report: CompileReport) -> list[str]:
 def render_report(report: CompileReport, notes: list[str]) -> str:
     """The compile report as text: memory against HBM, FLOPs, collectives per kind and axes."""
     mesh = shape_text(report.mesh)
+    quantization = report.train.quantization if report.train is not None else "none"
     lines = [
         f"compiled   {report.model}, global batch {report.global_batch}, remat {report.remat}, "
-        f"attention {report.attention}",
+        f"attention {report.attention}"
+        + (f", quantization {quantization}" if quantization != "none" else ""),
         f"hardware   {report.hardware}; mesh {mesh}",
         *_recipe(report),
         *(f"given      {k} = {v} ({GIVEN})" for k, v in report.given.items()),
@@ -67,6 +69,12 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
         counted = "; cuDNN attention on the pairs its mask keeps" * (report.attention == "cudnn")
         lines.append(
             f"flops      {report.flops:.3e} per device per step (loop trips counted{counted})"
+        )
+    low = report.quantized_flops
+    if low is not None and (low or quantization != "none") and report.flops:
+        lines.append(
+            f"           {low:.3e} of them ({low / report.flops:.0%}) in matmuls of fp8 or int8 "
+            "operands"
         )
     if report.roofline_seconds is not None:
         lines.append(

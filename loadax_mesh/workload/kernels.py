@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import jax
@@ -26,16 +27,23 @@ from jax.sharding import Mesh
 
 from ..errors import MeshConfigError
 from ..hardware.traits import platform_traits
+from . import quantized
 
 GroupedMatmul = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 INSTALL = "pip install 'loadax-mesh[gpu]' (tokamax, the grouped-matmul kernels for GPU)"
 
 
-def grouped_matmul(platform: str) -> GroupedMatmul:
+def grouped_matmul(platform: str, quantization: str = "none") -> GroupedMatmul:
     """`f(rows [m, k], weights [g, k, n], sizes [g]) -> [m, n]`: rows grouped in order, group
-    i's `sizes[i]` rows times weights[i], as `platform` runs it best."""
+    i's `sizes[i]` rows times weights[i], as `platform` runs it best; in `quantization`'s
+    precision where its kernel takes low-precision operands (`jax.lax.ragged_dot`: TPU and
+    CPU). tokamax's kernels on GPU run in compute dtype: on sm90 they take no low-precision
+    activations (a quantized weight only, dequantized inside), and they have no quantized
+    backward pass."""
     if platform_traits(platform).grouped_matmul != "tokamax":
-        return jax.lax.ragged_dot
+        if quantization == "none":
+            return jax.lax.ragged_dot
+        return partial(quantized.grouped, quantization=quantization)
     try:
         import tokamax
     except ImportError:

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from . import quantized
 from .kernels import GroupedMatmul, grouped_matmul, shard_map_mesh
 from .layout import Roles
 from .spec import ModelSpec, TrainSpec
@@ -110,7 +111,7 @@ def moe_mlp(
         ep=ep,
         axes=(exp, mlp, roles.batch, roles.seq),
         gathers=gathers,
-        matmul=grouped_matmul(mesh.devices.flat[0].platform),
+        matmul=grouped_matmul(mesh.devices.flat[0].platform, train.quantization),
     )
     routed = jax.shard_map(
         local,
@@ -125,9 +126,9 @@ def moe_mlp(
     )(h, *(p[w].astype(cdt) for w in ("router", "we_gate", "we_up", "we_down")))
     if not model.num_shared_experts:
         return routed
-    gate = jnp.einsum("bsd,df->bsf", h, p["ws_gate"].astype(cdt))
-    up = jnp.einsum("bsd,df->bsf", h, p["ws_up"].astype(cdt))
-    return routed + jnp.einsum("bsf,fd->bsd", jax.nn.silu(gate) * up, p["ws_down"].astype(cdt))
+    mm = partial(quantized.einsum, quantization=train.quantization)
+    gate, up = mm("bsd,df->bsf", h, p["ws_gate"]), mm("bsd,df->bsf", h, p["ws_up"])
+    return routed + mm("bsf,fd->bsd", jax.nn.silu(gate) * up, p["ws_down"])
 
 
 def _within(spec: tuple[Any, ...], out: P) -> tuple[Any, ...]:
@@ -185,7 +186,7 @@ def _local(
         out = _dropless(xs, sorted_experts, w, n, ep, exp, per_peer, matmul)
     else:
         cap = math.ceil(b * s * k / n * train.capacity_factor)
-        out = _capacity(xs, sorted_experts, w, n, ep, exp, cap)
+        out = _capacity(xs, sorted_experts, w, n, ep, exp, cap, train.quantization)
     out = out[_inverse(order)].reshape(b * s, k, d)
     weights = weights * model.routed_scaling
     y = jnp.einsum("tkd,tk->td", out, weights.astype(x.dtype)).reshape(b, s, d)
@@ -299,9 +300,11 @@ def _capacity(
     ep: int,
     exp: str | None,
     cap: int,
+    quantization: str,
 ) -> jax.Array:
     """Sorted copies into [E, cap] slots (the overflow dropped), the experts as batched
-    matmuls, the slots exchanged over the expert axis both ways; a dropped copy gives zero."""
+    matmuls (in `quantization`'s precision), the slots exchanged over the expert axis both
+    ways; a dropped copy gives zero."""
     rows, d = xs.shape
     counts = _counts(experts, n)
     position = jnp.arange(rows) - (jnp.cumsum(counts) - counts)[experts]
@@ -312,9 +315,9 @@ def _capacity(
         slots = _exchange(slots, exp, ep).reshape(ep, local, cap, d).transpose(1, 0, 2, 3)
     w_gate, w_up, w_down = w
     slots = slots.reshape(local, ep * cap, d)
-    gate = jnp.einsum("ecd,edf->ecf", slots, w_gate)
-    up = jnp.einsum("ecd,edf->ecf", slots, w_up)
-    out = jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate) * up, w_down)
+    mm = partial(quantized.einsum, quantization=quantization)
+    gate, up = mm("ecd,edf->ecf", slots, w_gate), mm("ecd,edf->ecf", slots, w_up)
+    out = mm("ecf,efd->ecd", jax.nn.silu(gate) * up, w_down)
     if exp is not None:
         out = _exchange(out.reshape(local, ep, cap, d).transpose(1, 0, 2, 3), exp, ep)
     return out.reshape(n * cap, d).at[slot].get(mode="fill", fill_value=0)

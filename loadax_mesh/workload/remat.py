@@ -21,12 +21,22 @@ def remat_policy(train: TrainSpec) -> Any:
     the per-tensor form of their placements would. Any other placement (a mapping, or
     "offload") saves its "device" tensors in HBM and moves its "offload" ones to host memory
     (`pinned_host`) for the backward pass; the rest is recomputed.
+
+    With low-precision matmuls (quantization "fp8", "int8") "dots" saves the named matmul
+    outputs and the other matmuls' outputs: jax's policy would save a quantized matmul's
+    unscaled float32 or int32 product (`quantized.py`) instead of its output.
     """
     policies = jax.checkpoint_policies
     if train.remat == "none":
         return None
     if train.remat == "full":
         return policies.nothing_saveable
+    if train.remat == "dots" and train.quantization != "none":
+        # the layer input is the checkpointed function's argument: there whatever the policy
+        named = [t for t, p in train.placements.items() if p == "device" and t != "layer_input"]
+        return policies.save_from_both_policies(
+            _unquantized_dots, policies.save_only_these_names(*named)
+        )
     if train.remat == "dots":
         return policies.dots_with_no_batch_dims_saveable
     where = train.placements
@@ -35,6 +45,14 @@ def remat_policy(train: TrainSpec) -> Any:
         names_which_can_be_offloaded=[t for t, p in where.items() if p == "offload"],
         offload_src="device",
         offload_dst="pinned_host",
+    )
+
+
+def _unquantized_dots(prim: Any, *avals: Any, **params: Any) -> bool:
+    """jax's `dots_with_no_batch_dims_saveable` for matmuls of float operands only."""
+    low = any(jnp.dtype(a.dtype).itemsize == 1 for a in avals)
+    return not low and jax.checkpoint_policies.dots_with_no_batch_dims_saveable(
+        prim, *avals, **params
     )
 
 

@@ -159,8 +159,10 @@ class TrainSpec:
     quantization: Quantization = "none"
     """The precision of the projections' and MLP matmuls (expert matmuls included), "none",
     "fp8" or "int8". "none" runs them in `compute_dtype`; "fp8" with float8 operands (e4m3
-    forward, e5m2 gradients) and absmax scales, float32 accumulation; "int8" with int8
-    operands and scales, int32 accumulation. Attention stays in `compute_dtype`."""
+    forward, e5m2 gradients) and absmax scales per row and output channel, float32
+    accumulation; "int8" with int8 operands (gradients too) and such scales, int32
+    accumulation. Attention, the router and the head stay in `compute_dtype`, and so do the
+    dropless experts on GPU (tokamax's kernels take no low-precision activations)."""
     learning_rate: float = 1e-3
     """Adam's step size (bias-corrected); a positive float. The cost model does not read it."""
     microbatches: int = 1

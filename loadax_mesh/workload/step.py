@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..hardware.traits import platform_traits
+from . import quantized
 from .attention import attention
 from .kernels import traced_for
 from .layout import Roles, check_fit, param_shapes, regathered, roles
@@ -286,17 +287,13 @@ class Step:
     def _attention(self, h: jax.Array, p: Params) -> jax.Array:
         """The attention sublayer of the normed residual `h`, through its output projection
         (named `out_proj`)."""
-        cdt = h.dtype
         if self.model.attention == "mla":
             q, k, v = self._latent_qkv(h, p)
         else:
             again = set(self.regathered)
             q, k, v = (
                 checkpoint_name(
-                    _regathered_projection(h, p[w])
-                    if name in again
-                    else jnp.einsum("bsd,dhk->bshk", h, p[w].astype(cdt)),
-                    name,
+                    self._matmul("bsd,dhk->bshk", h, p[w], regather=name in again), name
                 )
                 for w, name in (("wq", "query"), ("wk", "key"), ("wv", "value"))
             )
@@ -304,20 +301,26 @@ class Step:
             q, k = _rotate(q, sin, cos), _rotate(k, sin, cos)
         o = attention(q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles)
         o = checkpoint_name(o, "attention_out")
-        return checkpoint_name(jnp.einsum("bshk,hkd->bsd", o, p["wo"].astype(cdt)), "out_proj")
+        return checkpoint_name(self._matmul("bshk,hkd->bsd", o, p["wo"]), "out_proj")
 
     def _mlp(self, h: jax.Array, p: Params) -> jax.Array:
         """A dense layer's MLP of the normed residual `h` (its output named `mlp_out`)."""
-        cdt = h.dtype
         if self.model.mlp == "swiglu":  # gate first, as the memory model was measured on
-            gate = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_gate"].astype(cdt)), "mlp_in")
-            up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
+            gate = checkpoint_name(self._matmul("bsd,df->bsf", h, p["w_gate"]), "mlp_in")
+            up = checkpoint_name(self._matmul("bsd,df->bsf", h, p["w_up"]), "mlp_in")
             hidden = jax.nn.silu(gate) * up
         else:
-            up = checkpoint_name(jnp.einsum("bsd,df->bsf", h, p["w_up"].astype(cdt)), "mlp_in")
+            up = checkpoint_name(self._matmul("bsd,df->bsf", h, p["w_up"]), "mlp_in")
             hidden = _ACTIVATIONS[self.model.mlp](up)
-        down = jnp.einsum("bsf,fd->bsd", hidden, p["w_down"].astype(cdt))
-        return checkpoint_name(down, "mlp_out")
+        return checkpoint_name(self._matmul("bsf,fd->bsd", hidden, p["w_down"]), "mlp_out")
+
+    def _matmul(self, spec: str, x: jax.Array, w: jax.Array, *, regather: bool = False) -> Any:
+        """A projection or MLP matmul `spec` of the activation `x` and the stored weight `w`
+        (cast to x's dtype), in the recipe's precision (`quantized.einsum`); `regather`: its
+        backward pass gathers the weight again (`layout.regathered`)."""
+        if regather and self.train.quantization == "none":
+            return _regathered_projection(x, w)
+        return quantized.einsum(spec, x, w, quantization=self.train.quantization, regather=regather)
 
     def _latent_qkv(self, h: jax.Array, p: Params) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Multi-head latent attention's q, k and v from the normed residual `h`: the query
@@ -325,17 +328,16 @@ class Step:
         nope and rope parts; one down-projection to the kv bottleneck and a rope key shared by
         the heads, the bottleneck normed and projected up to each head's nope key and value.
         Rotary positions on the rope parts; a key is its nope part and the shared rope part."""
-        m, cdt = self.model, h.dtype
+        m, mm = self.model, self._matmul
         if m.q_lora_rank:
-            latent = jnp.einsum("bsd,dr->bsr", h, p["wq_a"].astype(cdt))
-            latent = _rms_norm(latent, p["q_norm"])
-            q = jnp.einsum("bsr,rhk->bshk", latent, p["wq_b"].astype(cdt))
+            latent = _rms_norm(mm("bsd,dr->bsr", h, p["wq_a"]), p["q_norm"])
+            q = mm("bsr,rhk->bshk", latent, p["wq_b"])
         else:
-            q = jnp.einsum("bsd,dhk->bshk", h, p["wq"].astype(cdt))
+            q = mm("bsd,dhk->bshk", h, p["wq"])
         q = checkpoint_name(q, "query")
-        down = jnp.einsum("bsd,dr->bsr", h, p["wkv_a"].astype(cdt))
+        down = mm("bsd,dr->bsr", h, p["wkv_a"])
         latent, rope_key = down[..., : m.kv_lora_rank], down[..., m.kv_lora_rank :]
-        up = jnp.einsum("bsr,rhk->bshk", _rms_norm(latent, p["kv_norm"]), p["wkv_b"].astype(cdt))
+        up = mm("bsr,rhk->bshk", _rms_norm(latent, p["kv_norm"]), p["wkv_b"])
         k_nope, v = up[..., : m.qk_nope_head_dim], up[..., m.qk_nope_head_dim :]
         sin, cos = _rotary(m.seq_len, m.qk_rope_head_dim)
         q_nope, q_rope = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
