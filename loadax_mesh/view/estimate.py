@@ -151,6 +151,12 @@ def ranking_data(ranking: RankingView) -> dict[str, Any]:
     }
 
 
+def _precision(e: Estimate) -> str:
+    """ ", quantization fp8" where the recipe priced low-precision matmuls, else nothing."""
+    q = "none" if e.train is None else e.train.quantization
+    return "" if q == "none" else f", quantization {q}"
+
+
 def estimate_text(e: Estimate, notes: list[str]) -> str:
     """One estimate's breakdown: memory terms and phases, compute, each axis's collectives."""
     mesh = shape_text(e.mesh)
@@ -162,7 +168,7 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
     lines = [
         f"estimate   {e.model}, global batch {e.global_batch} on {e.hardware}",
         f"recipe     remat {e.remat}, microbatches {e.microbatches}, logits chunks "
-        f"{e.logits_chunks}" + (f", moe {e.moe}" if e.moe else ""),
+        f"{e.logits_chunks}" + (f", moe {e.moe}" if e.moe else "") + _precision(e),
         f"mesh       {mesh}",
         *(f"given      {k} = {v} ({GIVEN})" for k, v in e.given.items()),
         *(f"note       {n}" for n in notes),
