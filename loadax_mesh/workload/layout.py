@@ -367,7 +367,7 @@ def regathered(model: ModelSpec, train: TrainSpec, roles: Roles) -> tuple[str, .
     through the MLP's recompute and backward (0.9 GB on GPT-3 175B at fsdp 256). Not in a
     parallel block, whose MLP is differentiated beside the attention: there (MaxText-2023 128B,
     fsdp 16 x tensor 16) libtpu then gathers the MLP's weights 13 times a layer, not 4, and
-    assigns more (benchmarks/RESULTS.md, 2026-11-26)."""
+    assigns more (docs/notes/2026-11-26-maxtext-2023-parallel-block.md)."""
     gathered = roles.size("fsdp") * roles.size("expert") > 1
     if model.attention != "gqa" or model.parallel_block or not gathered:
         return ()

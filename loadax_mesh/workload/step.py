@@ -272,7 +272,8 @@ class Step:
             # Both halves read h; their outputs are summed into the residual. The MLP is written
             # first so that the backward pass adds the attention's partial gradients of h (q, k
             # and v) before the MLP's: libtpu then reduces the three over the tensor axis in one
-            # collective, as in a sequential layer (attention first: one each; RESULTS.md).
+            # collective, as in a sequential layer (attention first: one each;
+            # docs/notes/2026-11-26-maxtext-2023-parallel-block.md).
             down = self._mlp(h, p)
             return jax.lax.with_sharding_constraint(x + (self._attention(h, p) + down), act), None
         x = jax.lax.with_sharding_constraint(x + self._attention(h, p), act)
@@ -381,7 +382,8 @@ def _rotary(seq_len: int, head_dim: int) -> tuple[jax.Array, jax.Array]:
 def _rotate(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
     """Rotary position embedding on [batch, seq, heads, head_dim] (halves rotated), in the
     compute dtype as Hugging Face's LLaMA does: in float32 the rotation's fusions cost libtpu's
-    code generation about 4 s of the 8B step's compile (benchmarks/RESULTS.md)."""
+    code generation about 4 s of the 8B step's compile
+    (docs/notes/2026-11-25-step-time-vs-measured-runs.md)."""
     a, b = jnp.split(x, 2, axis=-1)
     s, c = (t[None, :, None, :].astype(x.dtype) for t in (sin, cos))
     return jnp.concatenate([a * c - b * s, a * s + b * c], axis=-1)

@@ -219,7 +219,8 @@ def working_bytes(
         # recomputed, their gradients: expert wide) or the input's gradient (the gate's and
         # up's gradients and the gated product; the input's gradient through gate, through up
         # and their sum, d_model wide), the larger where an expert is narrower than d_model
-        # (libtpu's peak for DeepSeek's shrunk step over an expert axis: benchmarks/RESULTS.md).
+        # (libtpu's peak for DeepSeek's shrunk step over an expert axis:
+        # docs/notes/2026-11-26-moe-memory-rerefereed.md).
         block = sum(stored(*v, tile) for n, v in found.items() if n in MOE_NAMES)
         rest = everything - block
         wide, narrow = stored(*found["expert out"], tile), stored(*found["expert gate"], tile)

@@ -114,9 +114,9 @@ def _moe_layers(
     matrix's gradient leaving as the backward produces it (the compiled v5p-16 steps of
     benchmarks/bench_cost.py's MoE cases, and DeepSeek-V3 at full width on v5p-1024, where the
     22.5 GB of experts gathered counted twice overstate libtpu's assignment by half:
-    benchmarks/RESULTS.md); on GPU twice, the three gradients whole beside the three gathered
-    matrices at the backward pass's peak (XLA's heap, Mixtral 8x7B over fsdp 8 compiled for
-    H200s)."""
+    docs/notes/2026-11-26-deepseek-v3-latent-attention.md); on GPU twice, the three gradients
+    whole beside the three gathered matrices at the backward pass's peak (XLA's heap, Mixtral
+    8x7B over fsdp 8 compiled for H200s)."""
     cd = dtype_bytes(train.compute_dtype)
     dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
     saved = partial(layer_bytes, model, train, sh, roles, tile, kernel, saved=True)

@@ -136,7 +136,7 @@ def expert_rows(
     padding of the worst-case buffer in no group); "libtpu", that for the forward and the input
     gradient, but the weight gradient (grouped by contracted rows) a dense masked matmul over
     every local expert and every row of the buffer (a convolution [E / P, rows] per expert
-    weight, benchmarks/RESULTS.md 2026-11-26, MoE referees at model scale); "dense", every
+    weight, docs/notes/2026-11-26-moe-referees-model-scale.md); "dense", every
     pass so."""
     ms = MoeShapes.of(model, train, roles)
     if train.moe == "capacity":

@@ -54,7 +54,7 @@ def runs_again(train: TrainSpec, *, moe: bool = False, parallel: bool = False) -
     output kept or not: the log-sum-exp its backward reads is no named tensor, so no placement
     keeps it (the compiled steps run the forward kernel twice under "dots", "dots_attention",
     "offload" and minimal_flash's placements: cuDNN on H100 and splash on v5p; measured on one
-    H100, benchmarks/RESULTS.md 2026-11-26)."""
+    H100, docs/notes/2026-11-26-h100-matmuls-and-step.md)."""
     again = recomputed(train, moe=moe, parallel=parallel)
     if train.remat == "none" or "attention_out" in again:
         return again
@@ -149,5 +149,5 @@ def unrolled_residuals(
     less what the compiler fuses into their readers (`_REFUSED`); the matmuls' and the
     kernel's outputs and the compute-dtype values they read stay (LLaMA-3 8B on v5p-128,
     chunks of 8 and 4 layers: 1.07 GB a layer; libtpu's assignments add 1.07 and 0.99 GB a
-    layer over the per-layer checkpoint's, benchmarks/RESULTS.md)."""
+    layer over the per-layer checkpoint's, docs/notes/2026-11-29-maxtext-pipeline-remat.md)."""
     return {n: v for n, v in residuals(found, kernel, mlp_kind).items() if n not in _REFUSED}

@@ -1,5 +1,5 @@
 """What the backward pass of one fully recomputed layer holds at once on TPU, one sublayer at a
-time (libtpu's live buffers at its peak; benchmarks/RESULTS.md, 2026-11-26)."""
+time (libtpu's live buffers at its peak; docs/notes/2026-11-26-full-remat-one-sublayer.md)."""
 
 from __future__ import annotations
 

@@ -75,7 +75,8 @@ def pipeline_memory_terms(
         # The backward pass of an iteration picks its chunk of the stage's weights again in
         # the compute dtype (the layer picks them inside its checkpoint, so the scan saves
         # none) and holds that chunk's float32 gradient beside their running sum (the
-        # buffer assignments of bench_cost's pipelined cases: benchmarks/RESULTS.md).
+        # buffer assignments of bench_cost's pipelined cases:
+        # docs/notes/2026-11-29-pipeline-stages-priced.md).
         "stage weights": chunk(cd) + chunk(4),
         # ... and copies out one iteration's saved chunk, per_chunk layers of one micro-batch.
         "chunk residuals": kept_stage // st.iterations,
