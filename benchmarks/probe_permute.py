@@ -1,6 +1,6 @@
 """What the TPU compiler makes of the dropless MoE path's row permutes, one op at a time.
 
-For each dropless run of benchmarks/moe_runs.py (M8-M11), at one device's shapes of one MoE
+For each dropless run of configs/runs/moe.toml (M8-M11), at one device's shapes of one MoE
 layer (its t tokens, t * k copies, d_model columns, bfloat16), compiles alone on one
 compile-only TPU device:
 
@@ -34,11 +34,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 from bench_moe_time import load
-from moe_runs import MOE_RUNS
 
 from loadax_mesh import topology_devices
 from loadax_mesh.cost.parts.moe import MoeShapes
 from loadax_mesh.hardware.strings import parse_hardware
+from loadax_mesh.published_runs import published_runs
 from loadax_mesh.workload.layout import Roles
 
 WORK = ("scatter", "gather", "sort", "while")
@@ -118,7 +118,7 @@ def main() -> None:
     hbm = fact.base if fact is not None and fact.base else float("nan")
     device = next(iter(topology_devices(args.hardware)))
     print(f"{args.hardware}: HBM {hbm / 1e12:.2f} TB/s; device {device}")
-    for spec in MOE_RUNS:
+    for spec in published_runs("moe")["runs"]:
         if spec["name"].split()[0] not in wanted:
             continue
         name, t, k, d = shapes(spec)

@@ -13,7 +13,8 @@ devices are TensorCores: half a chip, `HardwareProfile.facts_for`).
     python benchmarks/probe_roofline.py "MaxText-2023 22B 1x v4-128" [--squeeze] [--top N]
         [--dump DIR]
 
-RUN is a name in production_runs.RUNS. A model-scale step compiles in seconds to minutes here.
+RUN is the name of a run of configs/runs/production.toml. A model-scale step compiles in seconds
+to minutes here.
 """
 
 from __future__ import annotations
@@ -27,25 +28,26 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bench_time import load
 from probe_fit import compile_dumped
-from production_runs import RUNS
 
 from loadax_mesh import MeshConfig, ModelSpec, TrainSpec, topology_devices
 from loadax_mesh.compiler.roofline import operation_costs, roofline
 from loadax_mesh.hardware.profile import hardware_profile
+from loadax_mesh.published_runs import published_runs
 from loadax_mesh.workload.step import make_step
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", help="a name in production_runs.RUNS")
+    parser.add_argument("run", help="a run's name in configs/runs/production.toml")
     parser.add_argument("--squeeze", action="store_true", help="let libtpu rematerialise")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--dump", type=Path)
     args = parser.parse_args()
-    names = [s["name"] for s in RUNS]
+    runs = published_runs("production")["runs"]
+    names = [s["name"] for s in runs]
     if args.run not in names:
         parser.error(f"run={args.run!r} is not a calibration run; accepted: {names}")
-    spec = RUNS[names.index(args.run)]
+    spec = runs[names.index(args.run)]
     hardware = spec["compile_hardware"]
     plan = MeshConfig.from_preset(spec["preset"], **spec["overrides"]).plan(
         topology_devices(hardware), selector=hardware
