@@ -2,7 +2,7 @@
 
 libtpu turns an all-gather over a whole v5p torus (4x4x4 and up) into a dynamic-update-slice
 into zeros and an all-reduce unless its devices carry the slice's wraparound and run in the
-grid's raster order (benchmarks/probe_gathers.py, RESULTS 2026-11-26); the step itself emits
+grid's raster order (benchmarks/probes/probe_gathers.py, RESULTS 2026-11-26); the step itself emits
 all-gathers, which these tests hold it to.
 """
 

@@ -11,13 +11,15 @@ bytes a step per device):
 3. `raster+wrap`: devices with wraparound, in jax's `mesh_utils.create_device_mesh` order (the
    physical grid raveled, MaxText's order for a one-axis mesh).
 
-What it showed (benchmarks/RESULTS.md, 2026-11-26): on a full torus (tpu-v5p-128, 4x4x4) libtpu's
-`TpuAllGatherDecomposer` (pass `all_gather_decomposer`, before layout assignment) turns every
-all-gather the SPMD partitioner emitted into a dynamic-update-slice into zeros and an all-reduce
-in ways 1 and 2; only way 3 keeps them as all-gathers. On tpu-v5p-64 (2x4x4, no wraparound)
-all three keep the all-gathers. One TPU compile at a time; each takes seconds here.
+What it showed (docs/notes/2026-11-26-fsdp-gathers-as-all-reduces.md): on a full torus
+(tpu-v5p-128, 4x4x4) libtpu's `TpuAllGatherDecomposer` (pass `all_gather_decomposer`, before
+layout assignment) turns every all-gather the SPMD partitioner emitted into a
+dynamic-update-slice into zeros and an all-reduce in ways 1 and 2; only way 3 keeps them as
+all-gathers. On tpu-v5p-64 (2x4x4, no wraparound) all three keep the all-gathers. One TPU
+compile at a time; each takes seconds here.
 
-    python benchmarks/probe_gathers.py [HARDWARE] [--d-model 128] [--batch N]  (one TPU slice)
+    python benchmarks/probes/probe_gathers.py [HARDWARE] [--d-model 128] [--batch N]
+        (one TPU slice)
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ write, by loop (the layer scan's forward, its backward, the rest of the step), a
 model's count. What the layer scan's stacks copy in and out is the time model's `stacks`
 term, not counted here; a stack is no score-sized array.
 
-    python benchmarks/probe_plain_attention.py [--hardware gpu-p5.48xlarge-8]
+    python benchmarks/probes/probe_plain_attention.py [--hardware gpu-p5.48xlarge-8]
         [--remat full,dots_attention,none] [--seq 2048] [--dump DIR]
 """
 

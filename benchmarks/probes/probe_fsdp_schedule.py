@@ -11,7 +11,7 @@ runs, with its buffer's bytes.
 A full gradient reduced by an in-line `all-reduce` and then sliced (no `reduce-scatter` layout)
 moves the buffer twice (a reduce-scatter and an all-gather) where a reduce-scatter moves it once.
 
-    python benchmarks/probe_fsdp_schedule.py DUMP_DIR [--min-mib 16]
+    python benchmarks/probes/probe_fsdp_schedule.py DUMP_DIR [--min-mib 16]
 
 DUMP_DIR holds `*train_step*after_optimizations.txt` (MaxText) or `*jit_step*` (ours); the
 first module whose name holds "train_step" or "step" is read. Compile the steps with

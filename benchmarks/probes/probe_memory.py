@@ -11,7 +11,7 @@
 2. Small models whose steps are mostly activations (4 layers, d_model 16 x head_dim, 8
    sequences of 2,048 tokens a device on v5p-8) under each remat policy, head_dim 64 and 128.
 
-    python benchmarks/probe_memory.py       (about 20 minutes on 2 cores)
+    python benchmarks/probes/probe_memory.py       (about 20 minutes on 2 cores)
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the run's compile size with libtpu's own extra remat off (the step as written, a
 `compile_step` compiles a program that fits), priced per device of the compile (compile-only v4
 devices are TensorCores: half a chip, `HardwareProfile.facts_for`).
 
-    python benchmarks/probe_roofline.py "MaxText-2023 22B 1x v4-128" [--squeeze] [--top N]
+    python benchmarks/probes/probe_roofline.py "MaxText-2023 22B 1x v4-128" [--squeeze] [--top N]
         [--dump DIR]
 
 RUN is the name of a run of configs/runs/production.toml. A model-scale step compiles in seconds
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the bench modules
 
 from bench_time import load
 from probe_fit import compile_dumped

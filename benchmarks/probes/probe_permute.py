@@ -17,9 +17,10 @@ compile-only TPU device:
 Prints per op XLA's `optimal_seconds`, its `bytes accessed` over the rows' bytes moved, those
 bytes over the optimal seconds (an effective bandwidth) as a share of the chip's HBM
 bandwidth, and the optimised HLO's ops that do the work (scatter, gather, sort, while). One
-TPU compile at a time; about a minute for the four runs. Results: benchmarks/RESULTS.md.
+TPU compile at a time; about a minute for the four runs. Results:
+docs/notes/2026-11-26-dropless-permutes.md.
 
-    python benchmarks/probe_permute.py [--hardware tpu-v5p-8] [--runs M9,M11]
+    python benchmarks/probes/probe_permute.py [--hardware tpu-v5p-8] [--runs M9,M11]
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the bench modules
 
 from bench_moe_time import load
 

@@ -2,16 +2,16 @@
 MaxText's GPT-3 (a what-if; the model is not changed by it).
 
 MaxText's GPT-3 175B step on compile-only v6e-256 devices (fsdp 256, 2 layers; its recipe's
-XLA flags, and again with LLaMA-3.1 70B's; benchmarks/RESULTS.md, read with
-benchmarks/probe_fsdp_schedule.py) gathers each layer's attention weights in line each pass
-(the time model prices that: cost/parts/traffic.py's `layer_collectives`) and reduces every weight
-gradient with an in-line all-reduce of the whole gradient, twice a reduce-scatter's bytes, where
-the model hides a reduce-scatter. LLaMA-2 70B's recipe runs those all-reduces on the SparseCore,
-async. This probe reprices every dense TPU layer's gradient reduction that way (GPU and MoE
-layers as before), refits the calibrations leave-one-out as bench_time.py does and prints its
-table:
+XLA flags, and again with LLaMA-3.1 70B's; docs/notes/2026-11-26-gpt3-llama2-v6e-schedules.md,
+read with benchmarks/probes/probe_fsdp_schedule.py) gathers each layer's attention weights in
+line each pass (the time model prices that: cost/parts/traffic.py's `layer_collectives`) and
+reduces every weight gradient with an in-line all-reduce of the whole gradient, twice a
+reduce-scatter's bytes, where the model hides a reduce-scatter. LLaMA-2 70B's recipe runs those
+all-reduces on the SparseCore, async. This probe reprices every dense TPU layer's gradient
+reduction that way (GPU and MoE layers as before), refits the calibrations leave-one-out as
+bench_time.py does and prints its table:
 
-    python benchmarks/probe_inline_fsdp.py [--fit] [--markdown]
+    python benchmarks/probes/probe_inline_fsdp.py [--fit] [--markdown]
 
 The flags are bench_time.py's.
 """
@@ -21,10 +21,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the bench modules
 
 import bench_time
 
-from loadax_mesh.cost import traffic
+from loadax_mesh.cost.parts import traffic
 from loadax_mesh.cost.parts.traffic import Collective
 from loadax_mesh.workload.layout import Roles
 from loadax_mesh.workload.spec import ModelSpec, TrainSpec

@@ -7,7 +7,7 @@ HLO: a matmul (a cuBLAS call or a dot fusion), the attention kernels (cuDNN), a 
 saved-tensor update (dynamic-update-slice) or read, a copy, another fusion. Prints the groups
 and the largest operations; with --out, writes them and the optimised HLO there.
 
-    python benchmarks/probe_gpu_profile.py --model llama2-7b --layers 4 --batch 4 \
+    python benchmarks/probes/probe_gpu_profile.py --model llama2-7b --layers 4 --batch 4 \
         --remat full [--steps 3] [--out DIR]
 
 Needs a GPU for device times (on a CPU the profile has no device plane: it says so).

@@ -14,7 +14,7 @@
 
 Each compile takes about two minutes on 2 cores; one TPU compile at a time.
 
-    python benchmarks/probe_overlap.py [--only tensor|slices] [--parallel]
+    python benchmarks/probes/probe_overlap.py [--only tensor|slices] [--parallel]
 """
 
 from __future__ import annotations

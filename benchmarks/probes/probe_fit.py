@@ -9,7 +9,7 @@ the step as written. From the dump's `*after_optimizations-live-range.txt` it pr
 largest buffers live at libtpu's peak (their sum is below the assignment by libtpu's packing of
 the temp block).
 
-    python benchmarks/probe_fit.py HARDWARE PRESET MODEL BATCH REMAT [--squeeze] [--dump DIR]
+    python benchmarks/probes/probe_fit.py HARDWARE PRESET MODEL BATCH REMAT [--squeeze] [--dump DIR]
         [--pipeline M,R[,REMAT]]
 
 PRESET and MODEL as bench_cost.py writes them ("mesh:fsdp=16,model=4",
@@ -23,11 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the bench modules
 
 from bench_cost import config, model_of, train_of
 

@@ -7,7 +7,7 @@ libtpu's assignment is the arguments plus the temp block; the temp block's size 
 offset used. The live-range file covers the entry computation only, so a loop body's working
 set shows here as the body's buffers' slots (each slot one offset, several values in turn).
 
-    python benchmarks/probe_loop.py DUMP_DIR [--loop while.44] [--top 30]
+    python benchmarks/probes/probe_loop.py DUMP_DIR [--loop while.44] [--top 30]
 
 Without --loop, the last while loop of the entry computation (the backward pass's layer loop).
 """

@@ -5,7 +5,7 @@ full remat, compiled with 1, 2 and 4 micro-batches and with 4 micro-batches and 
 chunks; printed: the estimate, the compiled total and their difference (GB), and the
 estimate's live terms.
 
-    python benchmarks/probe_microbatches.py
+    python benchmarks/probes/probe_microbatches.py
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ not counted), the operations by FLOPs (a fusion labelled by the matmuls it fuses
 op that made it), the bytes an offload copies to host memory and back, and the operand bytes
 of each kind of collective.
 
-    python benchmarks/probe_flops.py ours tpu-v5p-1024 fsdp "llama3-405b:num_layers=2" 1024 \\
-        --remat attention_out=offload,mlp_out=offload --logits-chunks 4 --out ours.hlo.txt
-    python benchmarks/probe_flops.py list ours.hlo.txt [--top 30]
+    python benchmarks/probes/probe_flops.py ours tpu-v5p-1024 fsdp "llama3-405b:num_layers=2" \\
+        1024 --remat attention_out=offload,mlp_out=offload --logits-chunks 4 --out ours.hlo.txt
+    python benchmarks/probes/probe_flops.py list ours.hlo.txt [--top 30]
 """
 
 from __future__ import annotations
