@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the bench modules
 
@@ -40,9 +41,9 @@ def as_compiled() -> Callable[..., list[Collective]]:
     """`traffic.collectives` with a dense layer's gradients all-reduced in line on TPU."""
 
     def collectives(
-        model: ModelSpec, train: TrainSpec, roles: Roles, *, overlapped: bool = False
+        model: ModelSpec, train: TrainSpec, roles: Roles, *, overlapped: bool = False, **kw: Any
     ) -> list[Collective]:
-        found = _assumed(model, train, roles, overlapped=overlapped)
+        found = _assumed(model, train, roles, overlapped=overlapped, **kw)
         if model.num_experts or not overlapped:  # MoE layers, and GPU: as the model has them
             return found
         return [
