@@ -13,13 +13,14 @@ granules (NVLink domains). Targets: memory and host memory within 20%, fits agre
 within 25%.
 
     python benchmarks/bench_cost.py [--cache DIR] [--only SUBSTRING] [--recipes] [--markdown]
-        [--rows configs/memory_referees.toml] [--cached]
+        [--rows configs/memory_referees.toml] [--cached] [--show-rows configs/memory_referees.toml]
 
 `--cache DIR` keeps each compile report as JSON and reuses it (compiles take minutes here);
 `--cached` runs only the cases it already holds.
 `--rows FILE` writes each case's estimated and compiled memory as the referee rows the fit
 verdict's error band is read from (cost/band.py); `--refresh-rows FILE` recomputes their
-estimates alone.
+estimates alone; `--show-rows FILE` prints them as a table, the estimates as the model gives them
+now (no compile: benchmarks/RESULTS.md's memory table).
 """
 
 from __future__ import annotations
@@ -373,6 +374,43 @@ def _compilers(hardware: str) -> str:
     return f"{compiler} {version(compiler)} (jax {jax.__version__}), {time.strftime('%Y-%m-%d')}"
 
 
+def show_rows(path: Path) -> None:
+    """The referee rows of `path` as a markdown table (no compile): each case's estimate, with
+    the model as it is now, beside what its referee gave; each platform's band (cost/band.py)."""
+    import re
+    import tomllib
+
+    from loadax_mesh.cost.band import MIN_COMPILED_BYTES, memory_band
+    from loadax_mesh.cost.referees import referee_estimate
+
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    print(f"{path}, written {data['date']}; estimates as the cost model gives them now\n")
+    print("| hardware | mesh | model | batch | recipe | memory GB est/referee | referee |")
+    print("|---|---|---|---|---|---|---|")
+    for row in data["row"]:
+        sizes = [i * d for i, d in zip(row["ici"], row["dcn"], strict=True)]
+        mesh = " x ".join(f"{a}={n}" for a, n in zip(row["axes"], sizes, strict=True) if n > 1)
+        fields = ",".join(f"{k}={v}" for k, v in row["model_fields"].items())
+        t = row["train"]
+        recipe = f"{t['remat']} x{t['microbatches']} /{t['logits_chunks']}"
+        if "pipeline_microbatches" in t:
+            recipe += f" pp M{t['pipeline_microbatches']} R{t['pipeline_repeats']}"
+            recipe += f" {t.get('pipeline_remat', 'layer')}"
+        want, got = referee_estimate(row), row["compiled_bytes"]
+        model = row["model"] + (f":{fields}" if fields else "")
+        referee = re.sub(r" \(jax [^)]*\)| \(benchmarks/bench_cost.py\)|:.*$", "", row["referee"])
+        memory = f"{want / 1e9:.2f}/{got / 1e9:.2f} ({want / got:.2f})"
+        cells = [row["hardware"], mesh or "1", model, str(t["global_batch"]), recipe, memory,
+                 referee]  # fmt: skip
+        print("| " + " | ".join(cells) + " |")
+    for platform_ in ("tpu", "gpu"):
+        band = memory_band(platform_)
+        if band is not None:
+            print(f"\n{platform_}: rows of at least {MIN_COMPILED_BYTES / 1e9:g} GB set the band: "
+                  f"{band.low:.3f} to {band.high:.3f} over {band.rows} rows")  # fmt: skip
+
+
 def _ratio(want: float, got: float) -> str:
     return "-" if not got else f"{want / got:.2f}"
 
@@ -399,7 +437,16 @@ def main() -> None:
         metavar="FILE",
         help="recompute every row's estimate in FILE (no compile), then stop",
     )
+    parser.add_argument(
+        "--show-rows",
+        type=Path,
+        metavar="FILE",
+        help="print FILE's referee rows as a table (no compile), then stop",
+    )
     args = parser.parse_args()
+    if args.show_rows:
+        show_rows(args.show_rows)
+        return
     if args.refresh_rows:
         import tomllib
 

@@ -1,5 +1,5 @@
 """MoE step time and fit against measured runs: the cost model's step beside the logged one for
-every MoE run of benchmarks/moe_runs.py, with its published mesh and recipe, term by term, and
+every MoE run of configs/runs/moe.toml, with its published mesh and recipe, term by term, and
 whether the estimate says the recipe fits (device and host memory).
 
 The dense calibrations (`compute_efficiency`, `matmul_intensity`) are the shipped ones, fitted
@@ -42,14 +42,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bench_runs import short
 from bench_time import print_table
-from moe_runs import MIXTRAL_8X22B, MOE_RUNS, MOE_SKIPPED, OFFLOAD_QKV_OUT
 
 from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
 from loadax_mesh.cost.band import DOES_NOT_FIT, FITS
 from loadax_mesh.cost.calibration import permute_bandwidth
 from loadax_mesh.cost.estimate import Estimate, estimate, estimate_parts, plan_parts
+from loadax_mesh.published_runs import published_runs
 from loadax_mesh.view.picture import shape_text
 from loadax_mesh.workload import ModelSpec, TrainSpec
+
+MOE = published_runs("moe")
 
 # The grid of `permute_bandwidth`: 0.1% to 100% of HBM bandwidth, log-spaced, and no limit.
 SHARES: tuple[float, ...] = (*(round(10 ** (-3 + k / 20), 5) for k in range(61)), math.inf)
@@ -86,7 +88,7 @@ def load(spec: dict[str, Any]) -> MoeRun:
     )
     e = estimate(plan, model, train)
     peak = e.model_flops / e.mfu / e.step_seconds
-    stated = spec["step_seconds"] is not None
+    stated = spec.get("step_seconds") is not None
     logged = spec["step_seconds"] if stated else counted(spec, e, model) / (spec["mfu"] * peak)
     return MoeRun(spec, (model, train, *plan_parts(plan)), e, peak, logged, stated)
 
@@ -149,7 +151,7 @@ def chosen(runs: list[MoeRun]) -> tuple[list[str], list[list[str]]]:
     cases.append((
         "Mixtral-8x22B v6e-256 (published recipe, no logged step used)", "tpu-v6e-256",
         ModelSpec.from_name("mixtral-8x22b"),
-        TrainSpec(global_batch=2048, remat=OFFLOAD_QKV_OUT, **MIXTRAL_8X22B),
+        TrainSpec(global_batch=2048, **MOE["mixtral_8x22b"]),
         {"axes": ("fsdp", "expert"), "shape": (64, 4), "batch": ("fsdp", "expert")},
     ))  # fmt: skip
     rows = []
@@ -176,7 +178,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     start = time.perf_counter()
-    runs = [load(spec) for spec in MOE_RUNS]
+    runs = [load(spec) for spec in MOE["runs"]]
     table = np.array([[r.predict(s).step_seconds / r.logged - 1 for s in SHARES] for r in runs])
     logged = np.array([r.stated and not r.quantized for r in runs])  # the fit set
     shipped = permute_bandwidth("tpu")
@@ -232,7 +234,7 @@ def main() -> None:
         )
     print()
     print_table(*chosen(runs), markdown=args.markdown)
-    for name, why in MOE_SKIPPED.items():
+    for name, why in MOE["skipped"].items():
         print(f"skipped {name}: {why}")
     print(f"{platform.node()}, {os.cpu_count()} cores; {time.perf_counter() - start:.1f} s")
 

@@ -1,4 +1,4 @@
-"""Pipeline runs priced: every measured pipeline-parallel run of benchmarks/pipeline_runs.py
+"""Pipeline runs priced: every measured pipeline-parallel run of configs/runs/pipeline.toml
 (torchtitan's LLaMA-3.1 405B on 512 H100s, Megatron-Bridge on DGX H100s, MaxText's 10T MoE
 statements) through the cost model, the estimate beside the measured figure, the schedule as
 priced and every assumption named. Nothing here is fitted to these runs: the calibrations are
@@ -29,37 +29,30 @@ from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from pipeline_runs import (
-    BALANCED,
-    FP8,
-    GPIPE_1F1B,
-    GRAND_TETON,
-    INTERLEAVED,
-    MEGATRON_DP,
-    MEGATRON_REMAT,
-    NOT_ROWS,
-    RUNS,
-    SCHEDULE_PAIRS,
-    TT_MICRO,
-    TT_NOTES,
-)
-
 from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.cost.estimate import Estimate
+from loadax_mesh.published_runs import published_runs
 from loadax_mesh.workload import ModelSpec, TrainSpec
+
+PIPELINE = published_runs("pipeline")
+RUNS: list[dict[str, Any]] = PIPELINE["runs"]
+NOT_ROWS: dict[str, str] = PIPELINE["not_rows"]
 
 # Assumptions many rows share, printed once under the table and named by tag in it.
 TAGS = {
-    GRAND_TETON: "A1 grand-teton",
-    FP8: "A2 fp8",
-    GPIPE_1F1B: "A3 1f1b-as-gpipe",
-    INTERLEAVED: "A4 interleaved-as-circular",
-    TT_MICRO: "A5 tt-microbatches",
-    TT_NOTES: "A6 compile/async-tp",
-    MEGATRON_DP: "A7 megatron-dp",
-    MEGATRON_REMAT: "A8 megatron-remat",
-    BALANCED: "A9 balanced-routing",
+    PIPELINE["text"][name]: tag
+    for name, tag in (
+        ("grand_teton", "A1 grand-teton"),
+        ("fp8", "A2 fp8"),
+        ("gpipe_1f1b", "A3 1f1b-as-gpipe"),
+        ("interleaved", "A4 interleaved-as-circular"),
+        ("tt_micro", "A5 tt-microbatches"),
+        ("tt_notes", "A6 compile/async-tp"),
+        ("megatron_dp", "A7 megatron-dp"),
+        ("megatron_remat", "A8 megatron-remat"),
+        ("balanced", "A9 balanced-routing"),
+    )
 }
 
 
@@ -68,10 +61,21 @@ def by_id(run_id: str) -> dict[str, Any]:
     return next(r for r in RUNS if r["id"] == run_id)
 
 
+def _tps(run_id: str) -> float:
+    return by_id(run_id)["measured"]["tps_per_gpu"]
+
+
+# The pairs whose schedules differ with everything else equal: (plain, interleaved, measured
+# ratio of their throughputs, interleaved over plain).
+SCHEDULE_PAIRS = [
+    (plain, inter, _tps(inter) / _tps(plain)) for plain, inter in PIPELINE["schedule_pairs"]
+]
+
+
 def model_of(run: dict[str, Any]) -> ModelSpec:
     """The run's catalogue model at its sequence length; a MeshConfigError for a run whose
     model the catalogue lacks."""
-    if run["model"] is None:
+    if "model" not in run:
         raise MeshConfigError(f"run {run['id']}: {run['missing']}")
     return replace(ModelSpec.from_name(run["model"]), seq_len=run["seq_len"])
 

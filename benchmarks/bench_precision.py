@@ -32,15 +32,21 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from bench_moe_time import load as load_moe
 from bench_pipeline_runs import measured_step, price
 from bench_time import print_table
-from moe_runs import MOE_RUNS
-from pipeline_runs import GRAND_TETON, MEGATRON_DP, MEGATRON_REMAT, RUNS
 
 from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.cost.calibration import quantized_share
 from loadax_mesh.cost.estimate import Estimate
 from loadax_mesh.hardware.profile import hardware_profile
+from loadax_mesh.published_runs import published_runs
 from loadax_mesh.workload import ModelSpec, TrainSpec
+
+MOE_RUNS = published_runs("moe")["runs"]
+_PIPELINE = published_runs("pipeline")
+RUNS = _PIPELINE["runs"]
+GRAND_TETON, MEGATRON_DP, MEGATRON_REMAT = (
+    _PIPELINE["text"][k] for k in ("grand_teton", "megatron_dp", "megatron_remat")
+)
 
 GT = {"hbm_bandwidth": "2400 GB/s"}  # Grand Teton's H100 (GRAND_TETON)
 SAC = (

@@ -1,6 +1,6 @@
 """The published production runs, each with its source's recipe, refereed by the compiler.
 
-Every run of benchmarks/production_runs.py (docs/facts/production_runs.md) is planned on the
+Every run of configs/runs/production.toml (docs/facts/production_runs.md) is planned on the
 compile-only devices of its hardware (or of one of its DCN-joined hosts or slices, whose
 per-device program is the same) and its reference step compiled with the recipe its source
 gives (offloaded tensors, weight dtype, per-device batch). Printed per run: device memory
@@ -20,22 +20,21 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).parent))
-
-from production_runs import RUNS
 
 from loadax_mesh import MeshConfig
 from loadax_mesh.hardware.catalogue import host_memory_per_device
 from loadax_mesh.hardware.gpu_targets import device_memory
 from loadax_mesh.hardware.strings import catalogue_spec
 from loadax_mesh.hardware.topology import topology_devices
+from loadax_mesh.published_runs import published_runs
 from loadax_mesh.workload import ModelSpec, TrainSpec
+
+RUNS = published_runs("production")["runs"]
 
 
 def train_spec(run: dict[str, Any]) -> TrainSpec:

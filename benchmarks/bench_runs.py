@@ -1,4 +1,4 @@
-"""The calibration runs (benchmarks/production_runs.py) through the cost model: each run's
+"""The calibration runs (configs/runs/production.toml) through the cost model: each run's
 published mesh and recipe estimated (does it fit, device and host bytes, step time), and
 `choose_mesh`'s best mesh and recipe for the same hardware, model and global batch (its
 estimated step against the published recipe's estimate, and against the logged step).
@@ -21,12 +21,13 @@ import os
 import platform
 import time
 
-from production_runs import RUNS
-
 from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
+from loadax_mesh.published_runs import published_runs
 from loadax_mesh.view.picture import shape_text
 from loadax_mesh.workload import ModelSpec, TrainSpec
+
+RUNS = published_runs("production")["runs"]
 
 _RECIPE = ("remat", "microbatches", "logits_chunks")
 
@@ -61,7 +62,7 @@ def row(run: dict) -> tuple[list[str], str, bool, bool]:
     bare = choose_mesh(hardware, model, base, top=1, headroom=0.0)[0].estimate
     faster = ours.step_seconds <= theirs.step_seconds * (1 + 1e-9)
     bare_faster = bare.step_seconds <= theirs.step_seconds * (1 + 1e-9)
-    logged = "-" if run["step_seconds"] is None else f"{run['step_seconds']:.3f}"
+    logged = "-" if run.get("step_seconds") is None else f"{run['step_seconds']:.3f}"
     cells = [
         run["name"],
         str(published.global_batch),

@@ -1,5 +1,5 @@
 """Step time against measured runs: the cost model's predicted step beside the logged one for
-every run of the calibration set (benchmarks/production_runs.py), with its published mesh and
+every run of the calibration set (configs/runs/production.toml), with its published mesh and
 recipe, term by term.
 
 The named calibrations (configs/calibration.toml) per platform are judged run by run with the
@@ -38,11 +38,10 @@ import numpy as np
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from production_runs import RUNS
-
 from loadax_mesh import MeshConfig, simulate_devices
 from loadax_mesh.cost.calibration import calibration, dcn_slice_bandwidth, matmul_intensity
 from loadax_mesh.cost.estimate import Estimate, estimate, estimate_parts, plan_parts
+from loadax_mesh.published_runs import published_runs
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 
@@ -101,7 +100,7 @@ def load(spec: dict[str, Any]) -> Run:
     )
     e = estimate(plan, model, train)
     peak = e.model_flops / e.mfu / e.step_seconds
-    logged = spec["step_seconds"] or counted_flops(spec, e, model) / logged_flops(spec, peak)
+    logged = spec.get("step_seconds") or counted_flops(spec, e, model) / logged_flops(spec, peak)
     platform_ = "tpu" if hardware.startswith("tpu-") else "gpu"
     return Run(spec, platform_, (model, train, *plan_parts(plan)), peak, logged)
 
@@ -260,7 +259,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     start = time.perf_counter()
-    runs = [load(spec) for spec in RUNS]
+    runs = [load(spec) for spec in published_runs("production")["runs"]]
     by_platform = {p: [r for r in runs if r.platform == p] for p in ("tpu", "gpu")}
     tables = {p: Table.of(group, p) for p, group in by_platform.items()}
     if args.fit:

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "config_data", "presets", "plan", "quality", "groups"),  # the planner's core
     ("solver",),  # device ordering
     ("hardware",),  # what a machine is
-    ("shapes", "rules", "_configs"),  # the core's leaves, which the solver reads too
+    ("shapes", "rules", "_configs", "published_runs"),  # the core's leaves; the runs are data
     ("errors",),
 )
 

@@ -1,6 +1,6 @@
 """A parallel block compiled by libtpu: fewer activation collectives over the tensor axis than
 a sequential layer, as the cost model counts them (the counts themselves were read from a
-tensor-16 step of model width: benchmarks/probe_overlap.py --parallel)."""
+tensor-16 step of model width: benchmarks/probes/probe_overlap.py --parallel)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 libtpu turns an all-gather over a whole v5p torus (4x4x4 and up) into a dynamic-update-slice
 into zeros and an all-reduce unless its devices carry the slice's wraparound and run in the
-grid's raster order (benchmarks/probe_gathers.py, RESULTS 2026-11-26); the step itself emits
+grid's raster order (benchmarks/probes/probe_gathers.py,
+docs/notes/2026-11-26-fsdp-gathers-as-all-reduces.md); the step itself emits
 all-gathers, which these tests hold it to.
 """
 
@@ -73,8 +74,9 @@ def test_on_a_whole_torus_the_gathers_need_wraparound_and_raster_order():
 
     raster = mesh_utils.create_device_mesh((1, 64), devices)
     assert gathered(raster) >= model.num_layers * layer_weight_bytes(model)
-    # the plan's host-contiguous ring order: libtpu gathers by all-reduce instead (RESULTS
-    # 2026-11-26); this flips when the solver orders a whole-torus axis as the raster does
+    # the plan's host-contiguous ring order: libtpu gathers by all-reduce instead
+    # (docs/notes/2026-11-26-fsdp-gathers-as-all-reduces.md); this flips when the solver
+    # orders a whole-torus axis as the raster does
     plan = MeshConfig.from_preset("fsdp").plan(topology_devices(hw), selector=hw)
     by = {(tuple(d.coords), d.core_on_chip): d for d in devices}
     order = [by[(tuple(d.coords), d.core_on_chip)] for d in plan.to_jax_mesh().devices.flat]

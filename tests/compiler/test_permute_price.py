@@ -3,9 +3,10 @@
 cost/timing/moe.py moves the dropless path's rows at one rate, `permute_bandwidth`, whether a
 pass gathers them (the forward's sort and unsort; MaxText's custom sort VJP backward) or
 scatter-adds them (the transpose of `jnp.take`). These tests hold libtpu to what made one
-rate the model (benchmarks/probe_permute.py, RESULTS 2026-11-26): the scatter-add compiles as
-a sort of its indices, a gather and a sorted scatter, and XLA's roofline (`optimal_seconds`)
-prices it within 30% of the gather, as it prices the custom VJP's argsort and gather. (At
+rate the model (benchmarks/probes/probe_permute.py, docs/notes/2026-11-26-dropless-permutes.md):
+the scatter-add compiles as a sort of its indices, a gather and a sorted scatter, and XLA's
+roofline (`optimal_seconds`) prices it within 30% of the gather, as it prices the custom VJP's
+argsort and gather. (At
 8192 rows of 1024 or 4096 its roofline prices the scatter-add 4 to 11 times below the gather,
 at 4096 with the updates' gather fused into the scatter: the referee holds at the runs'
 widths.)

@@ -131,8 +131,9 @@ def test_collectives_and_compute_counted_by_hand():
 
 
 def test_attention_gathers_wait_on_tpu_alone():
-    """libtpu gathers a layer's attention weights in line (benchmarks/RESULTS.md); on GPU the
-    layer's weights are gathered whole, beside the compute."""
+    """libtpu gathers a layer's attention weights in line (the compiled schedules of
+    docs/notes/2026-11-26-gpt3-llama2-v6e-schedules.md); on GPU the layer's weights are
+    gathered whole, beside the compute."""
     plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("gpu-p5.48xlarge-8"))
     gpu = estimate(plan, SMALL, TrainSpec(global_batch=8))
     hides = {c.what: c.overlaps for c in gpu.axes["fsdp"].collectives}

@@ -1,4 +1,4 @@
-"""The measured pipeline runs (benchmarks/pipeline_runs.py) and their bench
+"""The measured pipeline runs (configs/runs/pipeline.toml) and their bench
 (benchmarks/bench_pipeline_runs.py): the data loads, every row names its source and
 assumptions and states a recipe the cost model accepts or refuses by name, and the schedule
 comparison orders torchtitan's interleaved 1F1B ahead of its 1F1B. Pure: no compile."""
@@ -6,18 +6,16 @@ comparison orders torchtitan's interleaved 1F1B ahead of its 1F1B. Pure: no comp
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
+from benchmarks import bench_pipeline_runs as bench
 from loadax_mesh import MeshConfigError, simulate_devices
+from loadax_mesh.published_runs import published_runs
 from loadax_mesh.workload import ModelSpec
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import bench_pipeline_runs as bench
-from pipeline_runs import RUNS, SCHEDULE_PAIRS
+RUNS = published_runs("pipeline")["runs"]
+SCHEDULE_PAIRS = bench.SCHEDULE_PAIRS
 
 # What a row may say instead of an estimate: the cost model's refusal of what it does not price
 # beside a pipeline yet, or a model the catalogue lacks. Any other MeshConfigError is a recipe
@@ -38,7 +36,7 @@ def test_every_run_names_its_source_measurement_and_assumptions(run: dict) -> No
     stages = mesh["shape"][mesh["axes"].index("pipeline")]
     assert stages > 1
     assert math.prod(mesh["shape"]) == len(simulate_devices(run["hardware"]))
-    if run["model"] is None:
+    if "model" not in run:
         assert "no model in the catalogue" in run["missing"]
     else:
         ModelSpec.from_name(run["model"])

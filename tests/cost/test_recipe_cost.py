@@ -163,7 +163,8 @@ def test_offload_transfers_hide_behind_their_pass_on_tpu_and_wait_on_gpu():
     )
     # A tiny step's transfers outlast its compute: exposed.
     assert e.offload_exposed_seconds > 0
-    # On GPU both directions wait whole (measured on an H200: benchmarks/RESULTS.md).
+    # On GPU both directions wait whole (measured on an H200:
+    # docs/notes/2026-11-25-h200-real-step.md).
     g = small("gpu-p5.48xlarge-8", remat="offload")
     assert g.offload_seconds == pytest.approx(g.host_bytes / 64e9)  # PCIe Gen5 x16, each way
     assert g.offload_exposed_seconds == pytest.approx(2 * g.offload_seconds)

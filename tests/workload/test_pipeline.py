@@ -141,7 +141,8 @@ def test_the_backward_pass_keeps_a_stages_weights_once_not_every_iteration(
     """What the backward pass saves of the pipelined layers' weights: the stage's chunks
     ([repeats x stages, per_chunk, ...] over the mesh), never the weights a layer picks from
     them once per iteration of the schedule ([iterations x stages, per_chunk, ...]: 1.5 GB
-    a chip more on v5p-128 and 5 GB a GPU on 2 x 8 H100s for LLaMA-3 8B, RESULTS.md)."""
+    a chip more on v5p-128 and 5 GB a GPU on 2 x 8 H100s for LLaMA-3 8B: docs/notes/,
+    2026-11-29-maxtext-pipelined-export.md and 2026-11-29-pipeline-gpu-cudnn.md)."""
     p = plan((2, 4))
     train = TrainSpec(global_batch=8, remat=remat, pipeline_repeats=repeats, pipeline_remat=where)
     step = make_step(p.to_jax_mesh(), DENSE8, train, batch_axes=p.batch_axis_names)
