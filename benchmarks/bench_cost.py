@@ -394,8 +394,8 @@ def show_rows(path: Path) -> None:
         fields = ",".join(f"{k}={v}" for k, v in row["model_fields"].items())
         t = row["train"]
         recipe = f"{t['remat']} x{t['microbatches']} /{t['logits_chunks']}"
-        if "pipeline_microbatches" in t:
-            recipe += f" pp M{t['pipeline_microbatches']} R{t['pipeline_repeats']}"
+        if "pipeline_microbatches" in t:  # 0: as many micro-batches as stages
+            recipe += f" pp M{t['pipeline_microbatches'] or '=S'} R{t['pipeline_repeats']}"
             recipe += f" {t.get('pipeline_remat', 'layer')}"
         want, got = referee_estimate(row), row["compiled_bytes"]
         model = row["model"] + (f":{fields}" if fields else "")
