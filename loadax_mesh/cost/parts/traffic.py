@@ -196,7 +196,7 @@ def layer_collectives(
     """A dense layer's FSDP collectives over axis `a`, `runs` times (layers x micro-batches):
     its weights gathered forward and backward, its gradients reduce-scattered, all beside the
     compute; `in_line` (libtpu) the attention block's weights (q, k, v, output) gathered in
-    line each pass, the MLP's beside matmuls (benchmarks/probe_fsdp_schedule.py)."""
+    line each pass, the MLP's beside matmuls (benchmarks/probes/probe_fsdp_schedule.py)."""
     layer = dense_layer_weights(model, m) * cd
     gradients = Collective(a, "reduce-scatter", "layer weight gradients", layer, runs, True)
     if not in_line:
@@ -214,7 +214,7 @@ def _parallel_block_runs(
 ) -> tuple[int, int, tuple[int, int]]:
     """A parallel block's tensor-parallel activation collectives over `layers` layers:
     (gathers, reduce-scatters, (of which hidden gathers, hidden reduce-scatters)), as the
-    scheduled HLO of a tensor-16 step shows them (benchmarks/probe_overlap.py --parallel, 2
+    scheduled HLO of a tensor-16 step shows them (benchmarks/probes/probe_overlap.py --parallel, 2
     layers, full and dots remat). Forward: the norm's output gathered once for both halves,
     the halves' outputs reduced one by one (one as a windowed matmul); the output projection
     is never recomputed. Backward: two gathers without a recompute (both wait: the output's

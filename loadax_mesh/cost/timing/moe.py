@@ -77,7 +77,7 @@ def permute_seconds(
     streaming copy); None: no such limit (their bytes at HBM speed are already among the
     memory-bound operations). One rate for both: at the dropless runs' shapes on v5p the TPU
     compiler compiles a scatter-add as a sort of its indices, a gather and a sorted scatter,
-    and its roofline prices it within 20% of a gather (benchmarks/probe_permute.py), so a
+    and its roofline prices it within 20% of a gather (benchmarks/probes/probe_permute.py), so a
     custom VJP whose backward gathers (MaxText's `use_custom_sort_vjp`) is priced as the
     scatter-adds it replaces."""
     if train.moe != "dropless" or share is None:
