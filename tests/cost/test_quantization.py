@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadax_mesh import MeshConfig, MeshConfigError, simulate_devices
+from loadax_mesh import MeshConfig, MeshConfigError, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.cost.calibration import quantized_entry, quantized_share
 from loadax_mesh.cost.parts.quantized import quantized
@@ -174,3 +174,17 @@ def test_the_exports_say_the_precision(quantization, keys):
         expected
     )
     assert [n[: len(expected[0])] for n in flax_notes(quantization)] == expected
+
+
+def test_the_chooser_keeps_the_users_precision_and_the_export_names_it() -> None:
+    """Numerics are the user's: fp8 asked on a TPU7x string gives fp8 choices only, the ranking
+    prices the winner in bf16 beside it, and MaxText's export says fp8_full."""
+    r = choose_mesh(
+        "tpu-7x-256",
+        ModelSpec.from_name("llama3-8b"),
+        TrainSpec(global_batch=256, quantization="fp8"),
+    )
+    assert {c.train.quantization for c in r} == {"fp8"}
+    (what, bf16), *_ = r.numerics
+    assert what == "quantization none" and bf16 > r[0].estimate.step_seconds
+    assert r[0].plan.to_maxtext(r[0].train).keys["quantization"] == "fp8_full"
