@@ -100,7 +100,9 @@ def test_latent_attention_trains_on_eight_devices_like_one(single, model, shape,
     sharded = MeshConfig(shape, names, batch_axis_names=batch).plan()
     assert sharded.devices.size == 8
     losses = train(sharded, model)
-    np.testing.assert_allclose(losses, train(single, model), rtol=1e-5)
+    # float32 sums in another order across 8 devices: up to 1.5e-5 (relative) on this CPU by
+    # the fourth step, at ec3d4dd too; a wrong gradient moves the loss by far more
+    np.testing.assert_allclose(losses, train(single, model), rtol=1e-4)
     assert (np.diff(losses) < 0).all(), losses
 
 

@@ -89,7 +89,10 @@ def test_the_pipelined_step_trains_like_one_device(single, model, shape, fields)
     pipelined = plan(shape)
     assert pipelined.devices.size == 8
     got = losses(pipelined, model, **fields)
-    np.testing.assert_allclose(got, losses(single, model, **fields), rtol=1e-5)
+    # float32 sums in another order across 8 devices: the MoE cases differ from one device's by
+    # up to 4e-5 (relative) on this CPU by the third step, at ec3d4dd too; a wrong gradient or a
+    # lost micro-batch moves the loss by more than 1e-2
+    np.testing.assert_allclose(got, losses(single, model, **fields), rtol=1e-4)
     assert (np.diff(got) < 0).all(), got
 
 
