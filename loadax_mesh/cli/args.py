@@ -138,6 +138,8 @@ def train_flags() -> dict[str, tuple[dict[str, Any], str]]:
             options = {"type": positive_int if f.default else non_negative_int, "metavar": "N"}
         elif hint is float:
             options = {"type": positive_float, "metavar": "X"}
+        elif hint is bool:
+            options = {"action": argparse.BooleanOptionalAction}
         else:
             raise TypeError(f"TrainSpec.{f.name}: {hint} has no flag type; give it one here")
         text = " ".join([docs[f.name], FLAG_NOTES.get(f.name, "")]).strip()

@@ -62,6 +62,9 @@ ROUTING: tuple[str, ...] = get_args(Routing)
 # Where a pipelined step checkpoints (TrainSpec.pipeline_remat).
 PipelineRemat = Literal["layer", "iteration"]
 PIPELINE_REMAT: tuple[str, ...] = get_args(PipelineRemat)
+# The order a pipeline's stages run their micro-batches in (TrainSpec.pipeline_schedule).
+PipelineSchedule = Literal["gpipe", "1f1b"]
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 # The precision of the step's matmuls (TrainSpec.quantization).
 Quantization = Literal["none", "fp8", "int8"]
 QUANTIZATION: tuple[str, ...] = get_args(Quantization)
@@ -143,6 +146,11 @@ class TrainSpec:
     float32 or bfloat16."""
     opt_state_dtype: Dtype = "float32"
     """The dtype of Adam's two moments, float32 or bfloat16 (half the optimizer's memory)."""
+    optimizer_over_data: bool = False
+    """Whether Adam's moments and update are sharded over the `data` axis while the
+    parameters stay replicated there (ZeRO-1: MaxText's shard_optimizer_over_data, Megatron's
+    distributed optimizer): the gradients reduce-scattered over data, the updated parameters
+    gathered back; True or False."""
     remat: str | tuple[tuple[str, str], ...] = "full"
     """Where the backward pass finds each named tensor of a layer (TENSORS), each one
     "recompute", "device" (saved in HBM) or "offload" (saved in host memory). A policy name is
@@ -199,8 +207,15 @@ class TrainSpec:
     "iteration". "layer" checkpoints each layer (a layer's backward pass holds one layer's
     recomputed intermediates), "iteration" a stage's chunk of layers an iteration, each
     layer's input saved (MaxText's pipeline: the backward pass of a chunk holds all its
-    layers' intermediates at once). The four pipeline fields are read only on a mesh whose
+    layers' intermediates at once). The five pipeline fields are read only on a mesh whose
     pipeline axis is larger than 1 (`layout.check_fit` checks them there)."""
+    pipeline_schedule: PipelineSchedule = "gpipe"
+    """On a mesh with a pipeline axis, the order the stages run micro-batches in, "gpipe" or
+    "1f1b". "gpipe" runs every forward, then every backward (with `pipeline_repeats` > 1
+    MaxText's circular schedule); "1f1b", after a warm-up, alternates one forward and one
+    backward micro-batch a stage (with repeats > 1 interleaved 1F1B, Megatron's virtual
+    stages): the same bubble, a stage holding about as many micro-batches' activations as
+    there are stages instead of all of them."""
 
     def __post_init__(self) -> None:
         _positive(self.global_batch, "global_batch")
@@ -233,12 +248,17 @@ class TrainSpec:
             ("moe", MOE),
             ("routing", ROUTING),
             ("pipeline_remat", PIPELINE_REMAT),
+            ("pipeline_schedule", PIPELINE_SCHEDULES),
             ("quantization", QUANTIZATION),
         ):
             if getattr(self, name) not in accepted:
                 raise MeshConfigError(
                     f"{name}={getattr(self, name)!r}; accepted: {', '.join(accepted)}"
                 )
+        if type(self.optimizer_over_data) is not bool:
+            raise MeshConfigError(
+                f"optimizer_over_data={self.optimizer_over_data!r}; accepted: True or False"
+            )
         factor = self.capacity_factor
         if type(factor) not in (int, float) or not 0 < factor < math.inf:
             raise MeshConfigError(

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import MeshConfigError
-from .spec import ModelSpec, PipelineRemat, TrainSpec
+from .spec import ModelSpec, PipelineRemat, PipelineSchedule, TrainSpec
 
 Shapes = dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]
 
@@ -32,7 +32,8 @@ class Stages:
     """The pipeline of one step: `stages` S over the pipeline axis `axis`, `repeats` R chunks
     a stage, `microbatches` M, the last `layers` of the model pipelined from the stack `stack`
     ("layers" or "moe_layers"), after `lead_dense` dense and `lead_moe` MoE layers; `remat`
-    where the stages checkpoint (TrainSpec.pipeline_remat)."""
+    where the stages checkpoint (TrainSpec.pipeline_remat), `schedule` the order they run
+    micro-batches in (TrainSpec.pipeline_schedule)."""
 
     axis: str
     stages: int
@@ -43,6 +44,7 @@ class Stages:
     lead_dense: int
     lead_moe: int
     remat: PipelineRemat = "layer"
+    schedule: PipelineSchedule = "gpipe"
 
     @property
     def per_chunk(self) -> int:
@@ -166,6 +168,7 @@ def pipeline_stages(
         lead_moe=lead.count("moe_layers"),
         # remat "none" checkpoints nothing, so there is no iteration to checkpoint either
         remat=train.pipeline_remat if train.remat != "none" else "layer",
+        schedule=train.pipeline_schedule,
     )
 
 

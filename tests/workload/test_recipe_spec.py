@@ -12,6 +12,7 @@ from loadax_mesh.workload.spec import (
     DTYPES,
     MOE,
     PIPELINE_REMAT,
+    PIPELINE_SCHEDULES,
     POLICIES,
     QUANTIZATION,
     ROUTING,
@@ -70,6 +71,7 @@ def test_the_command_line_form() -> None:
         ({"microbatches": 3}, "microbatches=3 does not divide global_batch=8"),
         ({"logits_chunks": 0}, "logits_chunks=0; accepted: a positive integer"),
         ({"logits_chunks": True}, "logits_chunks=True"),
+        ({"optimizer_over_data": 1}, "optimizer_over_data=1; accepted: True or False"),
     ],
 )
 def test_bad_recipe_fields(kwargs: dict, message: str) -> None:
@@ -87,6 +89,7 @@ def test_every_choice_field_is_typed_with_its_choices_and_every_field_documented
         "moe": MOE,
         "routing": ROUTING,
         "pipeline_remat": PIPELINE_REMAT,
+        "pipeline_schedule": PIPELINE_SCHEDULES,
         "quantization": QUANTIZATION,
     }
     literal = {f.name for f in fields(TrainSpec) if get_origin(hints[f.name]) is Literal}
