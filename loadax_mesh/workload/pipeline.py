@@ -93,13 +93,23 @@ def decoder(
     ones."""
     if stages is None:
         return _layers(layer, x, params, model)
+    x = leading(layer, x, params, model=model, stages=stages)
+    out = _pipelined(stage_layer, policy, x, staged(params), st=stages, mesh=mesh, act=stage_act)
+    return jax.lax.with_sharding_constraint(out, act)
+
+
+def leading(layer: Layer, x: jax.Array, params: Params, *, model: ModelSpec, stages: Stages) -> Any:
+    """`layer` over the layers before the pipelined ones (none: `x` as it is)."""
     lead = stages.lead_dense + stages.lead_moe
     if lead:
-        leading = replace(model, num_layers=lead) if stages.lead_moe else model
-        x = _layers(layer, x, params, leading, moe=bool(stages.lead_moe))
-    weights = {k.removeprefix(STAGED): v for k, v in params.items() if k.startswith(STAGED)}
-    out = _pipelined(stage_layer, policy, x, weights, st=stages, mesh=mesh, act=stage_act)
-    return jax.lax.with_sharding_constraint(out, act)
+        before = replace(model, num_layers=lead) if stages.lead_moe else model
+        x = _layers(layer, x, params, before, moe=bool(stages.lead_moe))
+    return x
+
+
+def staged(params: Params) -> Params:
+    """The pipelined layers' weights [R, S, per_chunk, ...], by their names in a layer."""
+    return {k.removeprefix(STAGED): v for k, v in params.items() if k.startswith(STAGED)}
 
 
 def _layers(
