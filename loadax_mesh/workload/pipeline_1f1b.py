@@ -227,14 +227,17 @@ def _schedule(
     rows = (forward_table, backward_table, _heads(tt, R))
     start = 0
     # No micro-batch ends before the steady loop; in it one ends every tick at R = 1, every
-    # S of R S ticks at R > 1.
-    for ticks, fwd, bwd, heads in (
-        (tt.warmup, True, False, "none"),
-        (tt.steady, True, True, "always" if R == 1 else "cond"),
-        (tt.cooldown, False, True, "none"),
+    # S of R S ticks at R > 1. Each loop under its own name: the program's collectives (a
+    # permute traced once a loop) are then told apart by their origin (compiler/hlo.py).
+    for name, ticks, fwd, bwd, heads in (
+        ("warmup", tt.warmup, True, False, "none"),
+        ("steady", tt.steady, True, True, "always" if R == 1 else "cond"),
+        ("cooldown", tt.cooldown, False, True, "none"),
     ):
         part = jax.tree.map(lambda a, s=start, n=ticks: a[s : s + n], rows)
-        carry, _ = jax.lax.scan(partial(tick, fwd=fwd, bwd=bwd, heads=heads), carry, part)
+        with jax.named_scope(f"1f1b_{name}"):
+            loop = partial(tick, fwd=fwd, bwd=bwd, heads=heads)
+            carry, _ = jax.lax.scan(loop, carry, part)
         start += ticks
     total = jax.lax.psum(carry["loss"], axis) / M
     dhead = {k: jax.lax.psum(g, axis).astype(head[k].dtype) for k, g in carry["dhead"].items()}
