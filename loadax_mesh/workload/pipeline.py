@@ -18,6 +18,10 @@ computed (on zeros) and thrown away. Circular (repeats R > 1): the last stage's 
 i comes back round to the first stage, which keeps it in a buffer of M micro-batches until
 iteration i + M, where it runs chunk r * S of the next repeat (M >= S, so it has arrived). The
 last stage's outputs of the last repeat are the pipeline's result. M * R + S - 1 iterations.
+
+That is `pipeline_schedule` "gpipe": jax's autodiff of the whole loop gives the backward, so
+a stage keeps every iteration's inputs. "1f1b" (pipeline_1f1b.py, its timetable timetable.py)
+runs forwards and backwards in one loop with the loss, keeping the micro-batches in flight.
 """
 
 from __future__ import annotations

@@ -67,10 +67,11 @@ def pipelined_loss(
     # the other), each split over the stage's batch axes
     xs = jax.lax.with_sharding_constraint(xs, NamedSharding(mesh, P(None, *act.spec)))
     ts = jax.lax.with_sharding_constraint(ts, NamedSharding(mesh, P(None, *act.spec[:2])))
-    specs = tuple(
+    inside = [
         {k: NamedSharding(mesh, _drop(s.spec, st.axis)) for k, s in group.items()}
         for group in shardings
-    )
+    ]
+    specs = (inside[0], inside[1])
     tt = one_f_one_b(st.stages, st.repeats, m)
     body = partial(_schedule, tt=tt, st=st, layer=layer, loss=loss, specs=specs)
     run = jax.shard_map(
@@ -174,7 +175,7 @@ def _schedule(
     def tick(
         carry: dict[str, Any], row: Any, *, fwd: bool, bwd: bool, heads: str
     ) -> tuple[Any, None]:
-        c = dict(carry)
+        c: dict[str, Any] = dict(carry)
         f, b, ends = row
         dy_head = None
         if fwd:
@@ -211,7 +212,7 @@ def _schedule(
 
     one = xs.shape[1:]
     kept_shape = (tt.slots + 1, *((st.per_chunk,) if keep_layers else ()), *one)
-    carry = {
+    carry: dict[str, Any] = {
         "kept": jnp.zeros(kept_shape, dtype),
         "from_before": jnp.zeros(one, dtype),
         "from_after": jnp.zeros(one, dtype),
@@ -265,7 +266,7 @@ def _constrain(a: jax.Array, sharding: NamedSharding) -> jax.Array:
 def _add(acc: jax.Array, g: jax.Array, at: tuple[jax.Array, ...], sharding: Any) -> jax.Array:
     """`acc` with `g` (float32) added at the leading index `at` (a repeat, or a repeat and a
     layer of the chunk)."""
-    index = (*at, *([0] * g.ndim))
+    index: tuple[Any, ...] = (*at, *([0] * g.ndim))
     size = (*([1] * len(at)), *g.shape)
     old = jax.lax.dynamic_slice(acc, index, size)
     new = old + g.astype(jnp.float32).reshape(size)

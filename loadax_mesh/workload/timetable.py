@@ -11,9 +11,10 @@ item k at tick k + s; the last stage runs the backward of a micro-batch's last c
 tick its forward ends (the loss in between), and backward item k (repeats in reverse) reaches
 stage s at tick k + (R + 1) S - 2 - s. So the output of stage S - 1 at one repeat is the input
 of stage 0 at the next the tick after (no waiting, hence M a multiple of S when R > 1), and a
-stage holds an item from its forward to its backward: 2 (S - s) - 1 items at R = 1 (Megatron's
-1F1B holds S - s: its stages run forwards and backwards out of step, which one program whose
-stages run the same instructions cannot), about (R + 1) S - 2 s at R > 1.
+stage holds an item from its forward to its backward: (R + 1) S - 2 s - 1 items (at most M R),
+2 (S - s) - 1 micro-batches at R = 1. Megatron's 1F1B holds S - s: its stages run forwards
+and backwards out of step, which one program whose stages run the same instructions cannot;
+its interleaved 1F1B about S + (S - 1) / R stages' worth, as (R + 1) S - 1 chunks of 1 / R.
 
 The ticks with forwards only (warm-up), both, and backwards only (cool-down) run as three
 loops, the first without the backward slot and the last without the forward one, so the

@@ -1,5 +1,5 @@
 """The 1F1B timetable (workload/timetable.py, no jax): every item's input is there the tick it
-runs, a stage holds its micro-batches from forward to backward only (about 2 S, not M), the
+runs, a stage holds its items from forward to backward only ((R + 1) S - 2 s - 1, not M R), the
 three loops cost GPipe's (M R + S - 1) forwards and backwards, and the last stage's backward
 of a micro-batch starts the tick its forward ends."""
 
@@ -52,9 +52,8 @@ def test_a_stage_keeps_its_items_in_flight_in_slots_no_two_at_once(S, R, M):
             if on:
                 assert live.pop(slot) == (m, r)
         assert not live
-    # at one repeat stage s holds 2 (S - s) - 1 micro-batches (or all M, if fewer)
-    if R == 1:
-        assert tt.held == tuple(min(2 * (S - s) - 1, M) for s in range(S))
+    # stage s holds (R + 1) S - 2 s - 1 items (2 (S - s) - 1 at one repeat), or all M R
+    assert tt.held == tuple(min((R + 1) * S - 2 * s - 1, M * R) for s in range(S))
     assert tt.slots == max(tt.held)
     if M > S:  # fewer than GPipe's all of them
         assert tt.slots < M * R
