@@ -23,7 +23,7 @@ def _recipe(report: CompileReport) -> list[str]:
         out.append(
             f"pipeline   {report.mesh['pipeline']} stages, pipeline microbatches "
             f"{t.pipeline_microbatches}, repeats {t.pipeline_repeats}, layers "
-            f"{t.pipeline_layers}, remat per {t.pipeline_remat}"
+            f"{t.pipeline_layers}, remat per {t.pipeline_remat}, schedule {t.pipeline_schedule}"
         )
     return out
 

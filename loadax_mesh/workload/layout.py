@@ -306,15 +306,6 @@ def moe_param_shapes(
     return {f"moe_layers/{k}": ((M, *shape), (None, *ax)) for k, (shape, ax) in layer.items()}
 
 
-def _not_built_yet(train: TrainSpec, st: Stages | None) -> None:
-    """Refuse, by name, the recipe fields whose step and cost model are not built yet
-    (docs/design.md section 16), rather than price or compile them as what they are not."""
-    if st is not None and st.schedule != "gpipe":
-        raise MeshConfigError(
-            f"pipeline_schedule={train.pipeline_schedule!r} is not built yet; accepted: 'gpipe'"
-        )
-
-
 def _check_optimizer_over_data(train: TrainSpec, r: Roles) -> None:
     if train.optimizer_over_data and not r.data_parallel_axes():
         raise MeshConfigError(
@@ -333,7 +324,6 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     larger than 1, the pipeline fields. Returns the step's stages (`stages_of`), or None."""
     check_modelled(model, by="the reference step and the cost model", experts=True, latent=True)
     st = stages_of(model, train, r)
-    _not_built_yet(train, st)
     _check_optimizer_over_data(train, r)
     batch = r.size("batch")
     if train.global_batch % batch:

@@ -18,6 +18,10 @@ computed (on zeros) and thrown away. Circular (repeats R > 1): the last stage's 
 i comes back round to the first stage, which keeps it in a buffer of M micro-batches until
 iteration i + M, where it runs chunk r * S of the next repeat (M >= S, so it has arrived). The
 last stage's outputs of the last repeat are the pipeline's result. M * R + S - 1 iterations.
+
+That is `pipeline_schedule` "gpipe": jax's autodiff of the whole loop gives the backward, so
+a stage keeps every iteration's inputs. "1f1b" (pipeline_1f1b.py, its timetable timetable.py)
+runs forwards and backwards in one loop with the loss, keeping the micro-batches in flight.
 """
 
 from __future__ import annotations
@@ -93,13 +97,23 @@ def decoder(
     ones."""
     if stages is None:
         return _layers(layer, x, params, model)
+    x = leading(layer, x, params, model=model, stages=stages)
+    out = _pipelined(stage_layer, policy, x, staged(params), st=stages, mesh=mesh, act=stage_act)
+    return jax.lax.with_sharding_constraint(out, act)
+
+
+def leading(layer: Layer, x: jax.Array, params: Params, *, model: ModelSpec, stages: Stages) -> Any:
+    """`layer` over the layers before the pipelined ones (none: `x` as it is)."""
     lead = stages.lead_dense + stages.lead_moe
     if lead:
-        leading = replace(model, num_layers=lead) if stages.lead_moe else model
-        x = _layers(layer, x, params, leading, moe=bool(stages.lead_moe))
-    weights = {k.removeprefix(STAGED): v for k, v in params.items() if k.startswith(STAGED)}
-    out = _pipelined(stage_layer, policy, x, weights, st=stages, mesh=mesh, act=stage_act)
-    return jax.lax.with_sharding_constraint(out, act)
+        before = replace(model, num_layers=lead) if stages.lead_moe else model
+        x = _layers(layer, x, params, before, moe=bool(stages.lead_moe))
+    return x
+
+
+def staged(params: Params) -> Params:
+    """The pipelined layers' weights [R, S, per_chunk, ...], by their names in a layer."""
+    return {k.removeprefix(STAGED): v for k, v in params.items() if k.startswith(STAGED)}
 
 
 def _layers(

@@ -214,8 +214,11 @@ class TrainSpec:
     "1f1b". "gpipe" runs every forward, then every backward (with `pipeline_repeats` > 1
     MaxText's circular schedule); "1f1b", after a warm-up, alternates one forward and one
     backward micro-batch a stage (with repeats > 1 interleaved 1F1B, Megatron's virtual
-    stages): the same bubble, a stage holding about as many micro-batches' activations as
-    there are stages instead of all of them."""
+    stages, micro-batches in groups of the stages): the same bubble, a stage keeping the
+    inputs of its micro-batches in flight only, at most (R + 1) S - 1 chunks' (2 S - 1
+    micro-batches at one repeat, not all M; the step's timetable.py), each layer's ("layer")
+    or its chunk's ("iteration"), and recomputing a layer in its backward whatever `remat`
+    says."""
 
     def __post_init__(self) -> None:
         _positive(self.global_batch, "global_batch")

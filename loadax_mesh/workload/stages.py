@@ -156,6 +156,13 @@ def pipeline_stages(
             f"at least {stages} that divides {rows // batch} (the rows of a batch shard), e.g. "
             f"{fits[:6]}"
         )
+    if train.pipeline_schedule == "1f1b" and train.pipeline_repeats > 1 and m % stages:
+        raise MeshConfigError(
+            f"pipeline_microbatches={train.pipeline_microbatches} ({m} micro-batches) with "
+            f"pipeline_schedule='1f1b' and pipeline_repeats={train.pipeline_repeats}: the "
+            f"interleaved schedule runs micro-batches in groups of the {stages} stages "
+            f"(timetable.py); accepted: a multiple of {stages}"
+        )
     lead = kinds[: L - layers]
     return Stages(
         axis=axis,

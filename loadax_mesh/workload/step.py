@@ -31,11 +31,12 @@ from .kernels import traced_for
 from .layout import Roles, check_fit, param_shapes, regathered, roles
 from .loss import cross_entropy_loss
 from .moe import moe_mlp
-from .pipeline import decoder, to_stages
+from .pipeline import decoder, leading, staged, to_stages
+from .pipeline_1f1b import pipelined_loss
 from .remat import _regathered_projection, stage_policy
 from .remat import remat_policy as remat_policy
 from .spec import ModelSpec, TrainSpec
-from .stages import Stages, staged_shapes
+from .stages import STAGED, Stages, staged_shapes
 
 _BETAS = (0.9, 0.95)
 _EPS = 1e-8
@@ -255,6 +256,8 @@ class Step:
         x = jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, whole), act)
         stage = self._stage  # the layer with the roles of a pipeline stage (pipeline.py)
         stage_act = stage.spec(("batch", "seq", "hidden"))
+        if self.stages is not None and self.stages.schedule == "1f1b":
+            return self._one_f_one_b(x, params, batch["targets"], stage_act)
         x = decoder(
             x,
             params,
@@ -267,17 +270,56 @@ class Step:
             act=act,
             stage_act=stage_act,
         )
+        return self._head(x, params, batch["targets"])
+
+    def _head(self, x: jax.Array, params: Params, targets: jax.Array) -> jax.Array:
+        """The loss of the final hidden states `x`: the final norm, the logits (the tied
+        table's or the unembedding's), the mean cross-entropy against `targets`."""
         x = _rms_norm(x, params["final_norm"])
         unembed = params["embed"].T if self.model.tied_embeddings else params["unembed"]
         return cross_entropy_loss(
             x,
-            unembed.astype(cdt),
-            batch["targets"],
+            unembed.astype(jnp.dtype(self.train.compute_dtype)),
+            targets,
             chunks=self.train.logits_chunks,
             logits_sharding=self.spec(("batch", "seq", "vocab")),
             chunk_sharding=(
                 self.spec((None, "batch", "seq", None)),
                 self.spec((None, "batch", "seq")),
+            ),
+        )
+
+    def _one_f_one_b(
+        self, x: jax.Array, params: Params, targets: jax.Array, stage_act: NamedSharding
+    ) -> jax.Array:
+        """The loss under the 1F1B schedule from the embedded tokens `x`: the layers before
+        the pipelined ones as the step's, then the pipelined ones and the head together
+        (pipeline_1f1b.py), the head with a stage's roles."""
+        st, stage = self.stages, self._stage
+        assert st is not None
+        x = leading(
+            self._checkpointed(self.spec(("batch", "seq", "hidden"))),
+            x,
+            params,
+            model=self.model,
+            stages=st,
+        )
+        head_names = ("final_norm", "embed" if self.model.tied_embeddings else "unembed")
+        weights = staged(params)
+        sh = self.param_shardings
+        return pipelined_loss(
+            x,
+            targets,
+            weights,
+            {k: params[k] for k in head_names},
+            st=st,
+            mesh=self.mesh,
+            act=stage_act,
+            layer=partial(stage._layer, act=stage_act),
+            loss=stage._head,
+            shardings=(
+                {k: sh[STAGED + k] for k in weights},
+                {k: sh[k] for k in head_names},
             ),
         )
 

@@ -1,10 +1,12 @@
 """A child of `loadax-mesh launch` for tests/multiprocess/test_pipeline_job.py: the tiny model
 (four layers) trained by the reference step on a pipeline 2 x fsdp 4 mesh whose pipeline axis
-spans the two processes (each process one stage of 4 CPU devices). Each host loads its rows
-of the batch by the plan's batch axes; process 0 prints `step S loss L` for every step."""
+spans the two processes (each process one stage of 4 CPU devices), under the schedule its
+argument names ("gpipe" by default, or "1f1b"). Each host loads its rows of the batch by the
+plan's batch axes; process 0 prints `step S loss L` for every step."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 from loadax_mesh import distributed
@@ -30,7 +32,10 @@ def main() -> None:
     mesh = plan.to_jax_mesh()
     stage = {d.process_index for d in mesh.devices[jax.process_index()]}
     assert stage == {jax.process_index()}, stage
-    step = make_step(mesh, MODEL, TRAIN, batch_axes=plan.batch_axis_names)
+    schedule = sys.argv[1] if len(sys.argv) > 1 else "gpipe"
+    train = replace(TRAIN, pipeline_schedule=schedule)
+    step = make_step(mesh, MODEL, train, batch_axes=plan.batch_axis_names)
+    assert step.stages is not None and step.stages.schedule == schedule
     params, opt = step.init(jax.random.key(0))
     # the batch of tests/workload/losses.py's step_losses: each host its rows of it
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """Pipeline stages across processes: `loadax-mesh launch` runs tests/multiprocess/pipeline_job.py
 on 2 processes of 4 CPU devices, the pipeline axis (2 stages) across them and fsdp (4) inside
 each, so the stage-to-stage collective-permutes cross processes (gloo); its losses are one
-device's."""
+device's, under GPipe and 1F1B."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 PIPELINE_JOB = JOB.with_name("pipeline_job.py")
 
 
-def test_a_pipeline_across_two_processes_trains_like_one_device() -> None:
-    done = launch(2, 4, job=PIPELINE_JOB, timeout=300)  # two compiles on a small machine
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipeline_across_two_processes_trains_like_one_device(schedule: str) -> None:
+    done = launch(2, 4, schedule, job=PIPELINE_JOB, timeout=300)  # two compiles, small machine
     assert done.returncode == 0, done.stdout + done.stderr
     got = [float(x) for x in re.findall(r"^\[0\] step \d+ loss (\S+)$", done.stdout, re.M)]
     assert len(got) == 3, done.stdout

@@ -23,6 +23,7 @@ from loadax_mesh.workload import TrainSpec
 from loadax_mesh.workload.layout import check_fit, roles, stages_of
 from loadax_mesh.workload.pipeline import from_stages, to_stages
 from loadax_mesh.workload.step import make_step
+from loadax_mesh.workload.timetable import one_f_one_b
 
 from .losses import TINY, step_losses
 from .test_moe import MOE
@@ -37,6 +38,8 @@ MOE4, MOE8 = replace(MOE, num_layers=4), replace(MOE, num_layers=8)
 LEADING = replace(
     MOE, name="tiny-leading", num_layers=6, first_dense_layers=2, num_shared_experts=1
 )
+ONE_F_ONE_B = {"pipeline_schedule": "1f1b"}
+INTERLEAVED = {"pipeline_schedule": "1f1b", "pipeline_repeats": 2}
 
 
 def plan(shape, names=PIPE, batch=("fsdp",)):
@@ -71,6 +74,16 @@ def losses(p, model, batch=8, **fields):
         # one checkpoint an iteration (MaxText's remat): the chunk's layers unrolled in it
         (DENSE8, (2, 4), {"pipeline_remat": "iteration"}),
         (MOE8, (2, 4), {"pipeline_repeats": 2, "pipeline_remat": "iteration"}),
+        # 1F1B (pipeline_1f1b.py): plain, interleaved (repeats 2), more micro-batches than
+        # stages, MoE, after leading layers, the chunk's input alone kept
+        (DENSE4, (2, 4), ONE_F_ONE_B),
+        (DENSE8, (4, 2), INTERLEAVED),
+        (DENSE4, (2, 4), {"batch": 16, "pipeline_microbatches": 4, **ONE_F_ONE_B}),
+        (DENSE8, (2, 4), {"batch": 16, "pipeline_microbatches": 4, **INTERLEAVED}),
+        (MOE4, (2, 4), ONE_F_ONE_B),
+        (MOE8, (4, 2), INTERLEAVED),
+        (LEADING, (4, 2), {"pipeline_layers": 4, **ONE_F_ONE_B}),
+        (MOE8, (2, 4), {"pipeline_remat": "iteration", **INTERLEAVED}),
     ],
     ids=[
         "gpipe",
@@ -83,6 +96,14 @@ def losses(p, model, batch=8, **fields):
         "moe-after-dense",
         "iteration-remat",
         "moe-circular-iteration-remat",
+        "1f1b",
+        "1f1b-interleaved",
+        "1f1b-4-micro",
+        "1f1b-interleaved-4-micro",
+        "moe-1f1b",
+        "moe-1f1b-interleaved",
+        "moe-1f1b-after-dense",
+        "moe-1f1b-interleaved-iteration-remat",
     ],
 )
 def test_the_pipelined_step_trains_like_one_device(single, model, shape, fields):
@@ -109,14 +130,38 @@ def test_a_stage_split_over_tensor_or_sequence_trains_like_one_device(single, in
 
 
 @pytest.mark.slow
-def test_the_pipelined_gradients_are_one_devices(single):
+@pytest.mark.parametrize(
+    ("model", "shape", "fields"),
+    [
+        (replace(TINY, num_layers=6), (2, 4), {"pipeline_repeats": 2, "pipeline_layers": 4}),
+        # 1F1B: more micro-batches than stages, 2 and 4 stages, interleaved, dense and MoE
+        (DENSE4, (2, 4), {"batch": 16, "pipeline_microbatches": 4, **ONE_F_ONE_B}),
+        (DENSE8, (2, 4), {"batch": 16, "pipeline_microbatches": 4, **INTERLEAVED}),
+        (DENSE8, (4, 2), {"batch": 16, "pipeline_microbatches": 8, **INTERLEAVED}),
+        (MOE8, (4, 2), {"batch": 16, "pipeline_microbatches": 8, **INTERLEAVED}),
+        (
+            LEADING,
+            (2, 4),
+            {"batch": 16, "pipeline_microbatches": 4, "pipeline_layers": 4, **ONE_F_ONE_B},
+        ),
+    ],
+    ids=[
+        "gpipe-circular",
+        "1f1b-4-micro",
+        "1f1b-interleaved-4-micro",
+        "1f1b-4x2-interleaved-8-micro",
+        "moe-1f1b-4x2-interleaved-8-micro",
+        "moe-1f1b-after-dense",
+    ],
+)
+def test_the_pipelined_gradients_are_one_devices(single, model, shape, fields):
     """Every weight's gradient (the stage layout taken back to the stacks), not only the
-    losses: the transposed ppermutes send each stage's gradient back to the one before."""
-    model = replace(TINY, num_layers=6)
-    train = TrainSpec(
-        global_batch=8, compute_dtype="float32", pipeline_repeats=2, pipeline_layers=4
-    )
-    tokens = jax.random.randint(jax.random.key(1), (8, model.seq_len), 0, model.vocab_size)
+    losses: GPipe's transposed ppermutes send each stage's gradient back to the one before;
+    1F1B's backward slots do, and its custom VJP hands out what they summed."""
+    fields = dict(fields)
+    rows = fields.pop("batch", 8)
+    train = TrainSpec(global_batch=rows, compute_dtype="float32", **fields)
+    tokens = jax.random.randint(jax.random.key(1), (rows, model.seq_len), 0, model.vocab_size)
 
     def grads(p):
         step = make_step(p.to_jax_mesh(), model, train, batch_axes=p.batch_axis_names)
@@ -127,7 +172,7 @@ def test_the_pipelined_gradients_are_one_devices(single):
         g = jax.jit(jax.grad(step.loss))(params, data)
         return g if step.stages is None else from_stages(g, step.stages)
 
-    ours, theirs = grads(plan((2, 4))), grads(single)
+    ours, theirs = grads(plan(shape)), grads(single)
     assert set(ours) == set(theirs)
     for name, g in theirs.items():
         np.testing.assert_allclose(ours[name], g, rtol=1e-4, atol=1e-6, err_msg=name)
@@ -210,6 +255,55 @@ def test_stages_send_activations_by_collective_permutes_on_the_pipeline_axis(rep
     assert any(c.bytes == rows * TINY.seq_len * TINY.d_model * 4 for c in on_pipeline)
     # the schedule's loop runs M * R + S - 1 iterations: the bubble is in the program
     assert any(c.count == step.stages.iterations for c in on_pipeline), on_pipeline
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_1f1b_stages_send_activations_and_gradients_by_collective_permutes(repeats):
+    """One permute forward a tick of the warm-up and steady loops, one backward a tick of the
+    steady and cool-down ones (timetable.py): M R + S - 1 each way, as GPipe's."""
+    p = plan((4, 2))
+    train = TrainSpec(
+        global_batch=16,
+        pipeline_microbatches=8,
+        pipeline_repeats=repeats,
+        pipeline_schedule="1f1b",
+        compute_dtype="float32",
+    )
+    step = make_step(p.to_jax_mesh(), DENSE8, train, batch_axes=p.batch_axis_names)
+    hlo = HloText(step.fn.lower(*step.abstract_args()).compile().as_text())
+    shape = dict(step.mesh.shape)
+    rows = 16 // 8 // 2  # a micro-batch's rows on a device
+    sent = sorted(
+        c.count
+        for c in collectives(hlo, 8)
+        if c.kind == "collective-permute"
+        and group_axes(c.groups, shape, pairs=True) == ("pipeline",)
+        and c.bytes == rows * TINY.seq_len * TINY.d_model * 4
+    )
+    tt = one_f_one_b(4, repeats, 8)
+    assert sent == sorted([tt.warmup, tt.steady, tt.steady, tt.cooldown]), sent
+    assert tt.warmup + tt.steady == step.stages.iterations == 8 * repeats + 3
+
+
+def test_the_interleaved_1f1b_schedule_takes_micro_batches_in_groups_of_the_stages():
+    p = plan((2, 4))
+    train = TrainSpec(
+        global_batch=24, pipeline_microbatches=3, pipeline_repeats=2, pipeline_schedule="1f1b"
+    )
+    with pytest.raises(
+        MeshConfigError,
+        match=r"pipeline_microbatches=3 \(3 micro-batches\) with pipeline_schedule='1f1b' and "
+        r"pipeline_repeats=2: .* groups of the 2 stages .*; accepted: a multiple of 2",
+    ):
+        make_step(p.to_jax_mesh(), DENSE8, train, batch_axes=p.batch_axis_names)
+    # one repeat: any count of at least the stages
+    assert (
+        make_step(
+            p.to_jax_mesh(), DENSE4, replace(train, pipeline_repeats=1), batch_axes=("fsdp",)
+        ).stages.microbatches
+        == 3
+    )
 
 
 def test_the_stage_layout_gives_stage_s_chunks_r_times_s_plus_s():
