@@ -61,7 +61,7 @@ def step_flops(compiled: Any, hlo: HloText) -> float | None:
         local = {i.name: i for i in body}
         for i in body:
             if i.opcode == "custom-call" and counted_call(i):
-                counted = kernel_flops(i, _arrays(local, hlo, i))
+                counted = kernel_flops(i, operand_arrays(local, hlo, i))
                 if counted is None:
                     return None
                 # XLA's analysis gave this call -1: undo that, add what it computes.
@@ -73,9 +73,6 @@ def step_flops(compiled: Any, hlo: HloText) -> float | None:
 # `__cublas$lt$matmul$f8` for fp8 operands with their scale factors)
 CUBLAS = "__cublas$"
 _COUNTED = (CUDNN_ATTENTION, MOSAIC_GPU, CUBLAS)
-# The element types of a low-precision matmul's operands: fp8 (every float8 format) and int8
-# (and narrower integers)
-_LOW_PRECISION = ("f8", "s8", "u8", "s4", "u4")
 
 
 def counted_call(call: Instruction) -> bool:
@@ -90,32 +87,48 @@ def _tpu_ragged_dot(call: Instruction) -> bool:
 
 
 def quantized_flops(hlo: HloText) -> float | None:
-    """FLOPs per device per step in matmuls whose two operands are fp8 or int8: every dot and
-    convolution of the optimised module (inside fusions too: XLA's GPU compiler puts its
-    GEMMs in Triton fusions, libtpu its matmuls in convolution fusions), cuBLAS GEMM call and
-    libtpu grouped matmul, times how often a step runs its computation (loop trips counted).
-    None where such a matmul's size cannot be read (no figure rather than a wrong one)."""
+    """FLOPs per device per step in matmuls whose two operands are fp8 or int8 (`low_precision`
+    of every instruction, inside fusions too: XLA's GPU compiler puts its GEMMs in Triton
+    fusions, libtpu its matmuls in convolution fusions), times how often a step runs its
+    computation (loop trips counted). None where such a matmul's size cannot be read (no
+    figure rather than a wrong one)."""
     total = 0.0
     for name, body in hlo.computations.items():
         times = hlo.multiplicity.get(name, 0)
         local = {i.name: i for i in body}
         for i in body if times else ():
-            matmul = i.opcode in ("dot", "convolution") or (
-                i.opcode == "custom-call"
-                and (call_target(i).startswith(CUBLAS) or _tpu_ragged_dot(i))
-            )
-            operands = _arrays(local, hlo, i) if matmul else []
-            if _tpu_ragged_dot(i):  # after the groups' metadata: the rows and the weights
-                operands = operands[-2:]
-            if len(operands) < 2 or not all(
-                a is not None and a[0].startswith(_LOW_PRECISION) for a in operands[:2]
-            ):
-                continue
-            flops = matmul_flops(i, operands)  # type: ignore[arg-type]
-            if flops is None:
+            found = low_precision(i, local, hlo)
+            if found is None:
                 return None
-            total += times * flops
+            total += times * found[1]
     return total
+
+
+def low_precision(
+    i: Instruction, local: dict[str, Instruction], hlo: HloText
+) -> tuple[str, float] | None:
+    """("fp8" or "int8", FLOPs) of a matmul whose two operands are of that precision: a dot,
+    a convolution, a cuBLAS GEMM call or libtpu's grouped matmul; ("", 0.0) for any other
+    instruction; None where such a matmul's size cannot be read. `local`: the instructions of
+    its computation, by name."""
+    matmul = i.opcode in ("dot", "convolution") or (
+        i.opcode == "custom-call" and (call_target(i).startswith(CUBLAS) or _tpu_ragged_dot(i))
+    )
+    operands = operand_arrays(local, hlo, i) if matmul else []
+    if _tpu_ragged_dot(i):  # after the groups' metadata: the rows and the weights
+        operands = operands[-2:]
+    kinds = {_precision(a[0]) if a is not None else "" for a in operands[:2]}
+    if len(operands) < 2 or len(kinds) != 1 or "" in kinds:
+        return "", 0.0
+    flops = matmul_flops(i, operands)  # type: ignore[arg-type]
+    return None if flops is None else (kinds.pop(), flops)
+
+
+def _precision(dtype: str) -> str:
+    """ "fp8" for every float8 format, "int8" for int8 and narrower integers, else ""."""
+    if dtype.startswith("f8"):
+        return "fp8"
+    return "int8" if dtype.startswith(("s8", "u8", "s4", "u4")) else ""
 
 
 def matmul_flops(i: Instruction, operands: list[tuple[str, tuple[int, ...]]]) -> float | None:
@@ -180,7 +193,7 @@ def _convolution_flops(
     return float(cost.get("flops", 0.0)) or None
 
 
-def _arrays(
+def operand_arrays(
     local: dict[str, Instruction], hlo: HloText, i: Instruction
 ) -> list[tuple[str, tuple[int, ...]] | None]:
     """An instruction's operands' element types and dims: a custom call's from its operand

@@ -315,11 +315,18 @@ def _given(profile: HardwareProfile) -> dict[str, str]:
 def _roofline(text: str, profile: HardwareProfile | None, devices: int) -> float | None:
     """The roofline of the compiled text on one of `devices` devices of the catalogue's
     hardware (compile-only v4 TensorCores: half a chip's peak and HBM bandwidth); None where
-    the catalogue lacks the device's peak, HBM or HBM bandwidth."""
+    the catalogue lacks the device's peak, HBM or HBM bandwidth, or the peak of a precision
+    the program's matmuls run in."""
     facts = None if profile is None or profile.device is None else profile.facts_for(devices)
     if facts is None or facts.hbm_bandwidth is None:
         return None
-    found = roofline(text, peak_flops=facts.peak_flops, hbm_bandwidth=facts.hbm_bandwidth)
+    found = roofline(
+        text,
+        peak_flops=facts.peak_flops,
+        hbm_bandwidth=facts.hbm_bandwidth,
+        peak_fp8=facts.peak_fp8,
+        peak_int8=facts.peak_int8,
+    )
     return None if found is None else found.seconds
 
 

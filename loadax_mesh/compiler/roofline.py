@@ -8,7 +8,8 @@ bytes are what XLA counts for it (a dynamic slice of a stacked weight reads the 
 stack). XLA gives kernels no cost (a custom call adds -1: libtpu's `optimal_seconds` goes
 negative on the splash kernels, docs/facts/production_runs.md), so they are counted here from
 their shapes: jax's splash-attention kernels on TPU, cuDNN's fused attention and tokamax's
-grouped matmuls on GPU.
+grouped matmuls on GPU. A matmul of fp8 or int8 operands (flops.low_precision: inside a fusion
+or a cuBLAS call) runs at that precision's peak, the rest of its operation's FLOPs at the peak.
 
 Collectives, host transfers and control flow are not operations of the chip's cores: they add
 nothing here (the cost model prices them). Pure text work plus XLA's analysis on the CPU client.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .flops import CUDNN_ATTENTION, MOSAIC_GPU, kernel_flops
+from .flops import CUBLAS, CUDNN_ATTENTION, MOSAIC_GPU, kernel_flops, low_precision, operand_arrays
 from .hlo import (
     COLLECTIVES,
     HloText,
@@ -78,28 +79,50 @@ class OperationCost:
     flops: float
     bytes: float
     kernel: bool  # a custom call: the attention kernels counted from their shapes, others 0
+    fp8_flops: float = 0.0  # of `flops`, those in matmuls of fp8 operands
+    int8_flops: float = 0.0  # of `flops`, those in matmuls of int8 operands
 
-    def seconds(self, peak_flops: float, hbm_bandwidth: float) -> float:
-        """One run's roofline: max(FLOPs / peak, bytes / bandwidth)."""
-        return max(self.flops / peak_flops, self.bytes / hbm_bandwidth)
+    def seconds(self, peak_flops: float, hbm_bandwidth: float, low: dict[str, float]) -> float:
+        """One run's roofline: max(FLOPs / peak, bytes / bandwidth), the fp8 and int8 matmuls'
+        FLOPs at `low`'s peaks ("fp8", "int8"; FLOP/s)."""
+        quantized = self.fp8_flops + self.int8_flops
+        compute = (self.flops - quantized) / peak_flops
+        if quantized:
+            compute += self.fp8_flops / low["fp8"] if self.fp8_flops else 0.0
+            compute += self.int8_flops / low["int8"] if self.int8_flops else 0.0
+        return max(compute, self.bytes / hbm_bandwidth)
 
 
-def roofline(text: str, *, peak_flops: float, hbm_bandwidth: float) -> Roofline | None:
-    """The roofline of an optimised HLO module's text on a device with `peak_flops` (FLOP/s)
-    and `hbm_bandwidth` (bytes/s). None where this jaxlib offers no cost analysis, or an
-    operation could not be analysed or a kernel not counted (no figure rather than a low one)."""
+def roofline(
+    text: str,
+    *,
+    peak_flops: float,
+    hbm_bandwidth: float,
+    peak_fp8: float | None = None,
+    peak_int8: float | None = None,
+) -> Roofline | None:
+    """The roofline of an optimised HLO module's text on a device with `peak_flops` (FLOP/s),
+    `peak_fp8` and `peak_int8` for matmuls of those operands, and `hbm_bandwidth` (bytes/s).
+    None where this jaxlib offers no cost analysis, an operation could not be analysed or a
+    kernel not counted, or the program runs matmuls of a precision without a peak given (no
+    figure rather than a low one)."""
     costs = operation_costs(text)
     if costs is None:
         return None
+    low = {k: v for k, v in (("fp8", peak_fp8), ("int8", peak_int8)) if v is not None}
+    if ("fp8" not in low and any(c.fp8_flops for c in costs)) or (
+        "int8" not in low and any(c.int8_flops for c in costs)
+    ):
+        return None
     total = flops = size = compute = memory = kernels = 0.0
     for c in costs:
-        seconds = c.times * c.seconds(peak_flops, hbm_bandwidth)
+        seconds = c.times * c.seconds(peak_flops, hbm_bandwidth, low)
         total += seconds
         flops += c.times * c.flops
         size += c.times * c.bytes
         if c.kernel:
             kernels += seconds
-        elif c.flops / peak_flops >= c.bytes / hbm_bandwidth:
+        elif c.seconds(peak_flops, hbm_bandwidth, low) > c.bytes / hbm_bandwidth:
             compute += seconds
         else:
             memory += seconds
@@ -131,11 +154,12 @@ def operation_costs(text: str) -> list[OperationCost] | None:
 
     out: list[OperationCost] = []
     for name, times in _scheduled(hlo).items():
+        local = {i.name: i for i in hlo.computations[name]}
         for i in hlo.computations[name]:
             if i.opcode in _FREE or _collective(i.opcode):
                 continue
             if i.opcode == "custom-call":
-                counted = _kernel(i, hlo)
+                counted = _kernel(i, hlo, local)
                 if counted is None:
                     return None
                 f, b = counted
@@ -144,9 +168,35 @@ def operation_costs(text: str) -> list[OperationCost] | None:
                     f, b = analysed(i)
                 except (RuntimeError, ValueError):
                     return None
+            low = _low_precision_flops(i, hlo, local)
+            if low is None:
+                return None
             kernel = i.opcode == "custom-call"
-            out.append(OperationCost(name, times, i.name, i.opcode, i.shape, f, b, kernel))
+            cost = OperationCost(name, times, i.name, i.opcode, i.shape, f, b, kernel, *low)
+            out.append(cost)
     return out
+
+
+def _low_precision_flops(
+    i: Instruction, hlo: HloText, local: dict[str, Instruction]
+) -> tuple[float, float] | None:
+    """(fp8, int8) matmul FLOPs of one operation (`local`: its computation's instructions):
+    its own (a cuBLAS call) and those of the computations it calls (a fusion's), None where
+    such a matmul cannot be read."""
+    found = {"fp8": 0.0, "int8": 0.0, "": 0.0}
+    todo, seen = [(i, local)], set()
+    while todo:
+        j, where = todo.pop()
+        one = low_precision(j, where, hlo)
+        if one is None:
+            return None
+        found[one[0]] += one[1]
+        for _, callee in j.called():
+            if callee not in seen:
+                seen.add(callee)
+                inner = {k.name: k for k in hlo.computations.get(callee, [])}
+                todo.extend((k, inner) for k in inner.values())
+    return found["fp8"], found["int8"]
 
 
 def _collective(opcode: str) -> bool:
@@ -174,15 +224,17 @@ def _scheduled(hlo: HloText) -> dict[str, int]:
     return out
 
 
-def _kernel(call: Instruction, hlo: HloText) -> tuple[float, float] | None:
-    """(FLOPs, bytes) of a custom call: the attention and grouped-matmul kernels from their
-    shapes (bytes: their operands and results), other calls (buffer bookkeeping, index hints)
-    nothing. None for a TPU kernel that is not one of jax's splash kernels, or a Mosaic GPU
-    kernel that is no grouped matmul: no way to count it here."""
+def _kernel(
+    call: Instruction, hlo: HloText, local: dict[str, Instruction]
+) -> tuple[float, float] | None:
+    """(FLOPs, bytes) of a custom call: the attention, grouped-matmul and cuBLAS kernels from
+    their shapes (bytes: their operands and results), other calls (buffer bookkeeping, index
+    hints) nothing. None for a TPU kernel that is not one of jax's splash kernels, or a GPU
+    kernel of a shape not read here: no way to count it."""
     target = call_target(call)
     moved = _bytes_of(call, hlo)
-    if target.startswith((CUDNN_ATTENTION, MOSAIC_GPU)):
-        counted = kernel_flops(call)
+    if target.startswith((CUDNN_ATTENTION, MOSAIC_GPU, CUBLAS)):
+        counted = kernel_flops(call, operand_arrays(local, hlo, call))
         return None if counted is None else (float(counted), float(moved))
     if target != "tpu_custom_call":
         return 0.0, 0.0

@@ -341,6 +341,7 @@ def to_maxtext(
             **(_moe(train, str(plan.table.platform)) if moe else {}),
             **({} if model is None else _model(model)),
             **quantized,
+            **({"shard_optimizer_over_data": "true"} if train.optimizer_over_data else {}),
         }
     )
     notes = [
@@ -352,6 +353,12 @@ def to_maxtext(
         *stage_notes,
         *quantized_notes,
     ]
+    if train.optimizer_over_data:
+        notes.append(
+            "approximate: MaxText's shard_optimizer_over_data gathers the parameters in "
+            "bfloat16 before the accumulation loop; the reference step gathers them in "
+            f"param_dtype ({train.param_dtype}) after the update"
+        )
     if "context" in axes.values():
         notes.append(
             "approximate: MaxText's context axis also shards the weights' embed dim (FSDP-like), "

@@ -103,6 +103,24 @@ class Roles:
                 total *= dict(self.sizes)[axis]
         return total
 
+    def optimizer_axes(
+        self, shape: tuple[int, ...], logical: Logical
+    ) -> tuple[str | tuple[str, ...] | None, ...]:
+        """`mesh_axes` of an optimizer state shaped `shape` under ZeRO-1
+        (TrainSpec.optimizer_over_data): the data-parallel axes added to its first dim that
+        still divides by their degree; a state no dim of which divides (a norm's scale, say)
+        stays as its parameter is. Without data-parallel axes, `mesh_axes`."""
+        entries = self.mesh_axes(logical)
+        data = self.data_parallel_axes()
+        sizes = dict(self.sizes)
+        degree = math.prod(sizes[a] for a in data)
+        for k, (n, entry) in enumerate(zip(shape, entries, strict=True)):
+            held = (entry,) if isinstance(entry, str) else entry or ()
+            if data and n % (math.prod(sizes[a] for a in held) * degree) == 0:
+                joined = (*held, *data)
+                return (*entries[:k], joined[0] if len(joined) == 1 else joined, *entries[k + 1 :])
+        return entries
+
 
 def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> Roles:
     """The role of every mesh axis; an axis of size > 1 with no role is an error."""
@@ -288,11 +306,14 @@ def moe_param_shapes(
     return {f"moe_layers/{k}": ((M, *shape), (None, *ax)) for k, (shape, ax) in layer.items()}
 
 
-def _not_built_yet(train: TrainSpec, st: Stages | None) -> None:
-    """Refuse, by name, the recipe fields whose step and cost model are not built yet
-    (docs/design.md section 16), rather than price or compile them as what they are not."""
-    if train.optimizer_over_data:
-        raise MeshConfigError("optimizer_over_data=True is not built yet; accepted: False")
+def _check_optimizer_over_data(train: TrainSpec, r: Roles) -> None:
+    if train.optimizer_over_data and not r.data_parallel_axes():
+        raise MeshConfigError(
+            "optimizer_over_data=True: the plan has no data-parallel axis larger than 1 (a "
+            "batch axis that is neither the FSDP nor the expert axis) to shard the optimizer "
+            f"over (mesh {' x '.join(f'{a}={n}' for a, n in r.sizes)}); accepted: False, or "
+            "a plan with a data axis"
+        )
 
 
 def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
@@ -303,7 +324,7 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     larger than 1, the pipeline fields. Returns the step's stages (`stages_of`), or None."""
     check_modelled(model, by="the reference step and the cost model", experts=True, latent=True)
     st = stages_of(model, train, r)
-    _not_built_yet(train, st)
+    _check_optimizer_over_data(train, r)
     batch = r.size("batch")
     if train.global_batch % batch:
         raise MeshConfigError(

@@ -77,6 +77,17 @@ class Step:
         return {k: self.spec(axes) for k, (_, axes) in self.shapes.items()}
 
     @cached_property
+    def opt_shardings(self) -> Params:
+        """Adam's moments' shardings: the parameters', or with `optimizer_over_data` (ZeRO-1)
+        cut over the data-parallel axes too (`Roles.optimizer_axes`)."""
+        if not self.train.optimizer_over_data:
+            return self.param_shardings
+        return {
+            k: NamedSharding(self.mesh, P(*self.roles.optimizer_axes(s, axes)))
+            for k, (s, axes) in self.shapes.items()
+        }
+
+    @cached_property
     def batch_sharding(self) -> NamedSharding:
         """The batch over the plan's batch axes (a pipeline axis splits it inside the step)."""
         return self._stage.spec(("batch", "seq"))
@@ -86,9 +97,9 @@ class Step:
         shapes = self.shapes
         pdt, odt = jnp.dtype(self.train.param_dtype), jnp.dtype(self.train.opt_state_dtype)
 
-        def tree(dtype: Any) -> Params:
+        def tree(dtype: Any, shardings: Params) -> Params:
             return {
-                k: jax.ShapeDtypeStruct(s, dtype, sharding=self.param_shardings[k])
+                k: jax.ShapeDtypeStruct(s, dtype, sharding=shardings[k])
                 for k, (s, _) in shapes.items()
             }
 
@@ -97,8 +108,12 @@ class Step:
             (self.train.global_batch, self.model.seq_len), jnp.int32, sharding=self.batch_sharding
         )
         return (
-            tree(pdt),
-            {"m": tree(odt), "v": tree(odt), "count": count},
+            tree(pdt, self.param_shardings),
+            {
+                "m": tree(odt, self.opt_shardings),
+                "v": tree(odt, self.opt_shardings),
+                "count": count,
+            },
             {
                 "tokens": tokens,
                 "targets": tokens,
@@ -164,16 +179,31 @@ class Step:
     # -- the computation ----------------------------------------------------------------------
 
     def _step(self, params: Params, opt: Params, batch: Params) -> tuple[Params, Params, Any]:
+        """Adam on the batch's gradients. With `optimizer_over_data` the update runs on each
+        device's part of the moments (the gradients reduce-scattered there, the parameters
+        sliced there) and the updated parameters are gathered back to their sharding."""
         loss, grads = self._gradients(params, batch)
         count = opt["count"] + 1
         b1, b2 = _BETAS
         odt = jnp.dtype(self.train.opt_state_dtype)
+        zero1 = self.train.optimizer_over_data
+
+        def part(k: str, a: jax.Array) -> jax.Array:
+            return jax.lax.with_sharding_constraint(a, self.opt_shardings[k]) if zero1 else a
+
+        grads = {k: part(k, g) for k, g in grads.items()}
         m = {k: (b1 * opt["m"][k] + (1 - b1) * g).astype(odt) for k, g in grads.items()}
         v = {k: (b2 * opt["v"][k] + (1 - b2) * g * g).astype(odt) for k, g in grads.items()}
         lr = self.train.learning_rate * jnp.sqrt(1 - b2**count) / (1 - b1**count)
         new = {
-            k: (p - lr * m[k] / (jnp.sqrt(v[k]) + _EPS)).astype(p.dtype) for k, p in params.items()
+            k: (part(k, p) - lr * m[k] / (jnp.sqrt(v[k]) + _EPS)).astype(p.dtype)
+            for k, p in params.items()
         }
+        if zero1:
+            new = {
+                k: jax.lax.with_sharding_constraint(a, self.param_shardings[k])
+                for k, a in new.items()
+            }
         return new, {"m": m, "v": v, "count": count}, loss
 
     def _gradients(self, params: Params, batch: Params) -> tuple[jax.Array, Params]:

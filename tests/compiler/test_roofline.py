@@ -17,9 +17,12 @@ PEAK, HBM = 918e12, 1.638e12  # a v6e chip's bf16 peak and HBM bandwidth (catalo
 
 
 def compiled_text(fn, *shapes) -> str:
+    """`fn` compiled for one v6e chip on arguments of `shapes`: each a shape (bfloat16) or a
+    (shape, dtype) pair."""
     device = topology_devices("tpu-v6e-1")[0]
     sharding = NamedSharding(Mesh([device], ("x",)), P())
-    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=sharding) for s in shapes]
+    typed = [s if isinstance(s[0], tuple) else (s, jnp.bfloat16) for s in shapes]
+    args = [jax.ShapeDtypeStruct(s, t, sharding=sharding) for s, t in typed]
     return jax.jit(fn).lower(*args).compile().as_text()
 
 
@@ -123,3 +126,24 @@ def test_a_v4_tensorcore_step_is_priced_at_half_a_chip() -> None:
     core = roofline(text, peak_flops=275e12 / 2, hbm_bandwidth=1200e9 / 2)
     assert core is not None and report.mesh == {"data": 1, "fsdp": 8}
     assert report.roofline_seconds == pytest.approx(core.seconds, rel=1e-6)
+
+
+def test_matmuls_of_fp8_operands_run_at_the_fp8_peak() -> None:
+    """An fp8 matmul's FLOPs are priced at the fp8 peak (twice the bfloat16 one here: half the
+    time), the same program's bfloat16 matmul at the peak; a program with fp8 matmuls and no
+    fp8 peak given has no roofline (no figure rather than a low one)."""
+    m = k = n = 4096
+    fp8 = compiled_text(
+        lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32),
+        ((m, k), jnp.float8_e4m3fn),
+        ((k, n), jnp.float8_e4m3fn),
+    )
+    at_fp8 = roofline(fp8, peak_flops=PEAK, hbm_bandwidth=HBM, peak_fp8=2 * PEAK)
+    at_bf16 = roofline(fp8, peak_flops=PEAK, hbm_bandwidth=HBM, peak_fp8=PEAK)
+    assert at_fp8 is not None and at_bf16 is not None
+    assert at_fp8.flops == at_bf16.flops == 2 * m * k * n
+    assert at_fp8.seconds == pytest.approx(at_bf16.seconds / 2, rel=0.02)
+    assert roofline(fp8, peak_flops=PEAK, hbm_bandwidth=HBM) is None
+    bf16 = compiled_text(jnp.matmul, (m, k), (k, n))
+    plain = roofline(bf16, peak_flops=PEAK, hbm_bandwidth=HBM, peak_fp8=2 * PEAK)
+    assert plain is not None and plain.seconds == pytest.approx(at_bf16.seconds, rel=0.05)

@@ -54,8 +54,8 @@ class Search:
 
     def mesh(self, space: Space, sizes: tuple[int, ...]) -> list[Candidate]:
         """The splits of one shape that fit with some recipe, each with its bound."""
-        model, train = self.model, self.train
         r = roles(tuple(zip(space.names, sizes, strict=True)), space.batch)
+        model, train = self.model, for_mesh(self.train, r)
         try:
             check_fit(model, train, r)
         except MeshConfigError:
@@ -105,7 +105,7 @@ class Search:
         model, train, device = self.model, self.train, self.device
         for r, held in self.unpriced:  # priced now, for the message's smallest need
             least = fitting_recipes(
-                model, train, self.wanted, r, device, held, self.headroom, floor=False
+                model, for_mesh(train, r), self.wanted, r, device, held, self.headroom, floor=False
             )[1]
             if least is not None:
                 self.smallest = least if self.smallest is None else min(self.smallest, least)
@@ -179,6 +179,15 @@ def key(e: Estimate) -> tuple[float, float, int]:
     return (e.step_seconds, sum(a.seconds for a in e.axes.values()), e.memory_bytes)
 
 
+def for_mesh(train: TrainSpec, r: Roles) -> TrainSpec:
+    """`train` as the search prices it on a mesh: ZeRO-1 (`optimizer_over_data`) dropped
+    where the mesh has no data-parallel axis to cut the optimizer over (there it is sharded
+    as the parameters are, which is all ZeRO-1 asks)."""
+    if train.optimizer_over_data and not r.data_parallel_axes():
+        return replace(train, optimizer_over_data=False)
+    return train
+
+
 def larger_batch(search: Search, spaces: list[Space], n: int) -> tuple[int, Candidate] | None:
     """Where the global batch refused a mesh for its data-parallel degree (`degree`): the
     smallest multiple of the batch at which one such mesh fits, and that mesh; None if none
@@ -192,7 +201,7 @@ def larger_batch(search: Search, spaces: list[Space], n: int) -> tuple[int, Cand
             if need == train.global_batch:
                 continue
             try:
-                check_fit(model, replace(train, global_batch=need), r)
+                check_fit(model, replace(for_mesh(train, r), global_batch=need), r)
             except MeshConfigError:
                 continue
             waiting.setdefault(need, []).append((space, sizes))

@@ -29,7 +29,7 @@ from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ..parts.cache import plain_cache
 from ..parts.quantized import quantized
-from ..parts.shapes import Shapes, shard_bytes, stored
+from ..parts.shapes import Shapes, optimizer_bytes, shard_bytes, stored
 from ..parts.sublayer import counted_per_sublayer
 from ..parts.weights import dense_layer_weights, moe_layer_weights
 from .layer import layer_bytes, working_bytes
@@ -50,9 +50,8 @@ def memory_terms(
     end of the step): the tail holds both tables and both gradients, or the one table and
     its gradient when tied (`replicas_across_granules`; GPUs reduce across hosts as they go)."""
     tile, kernel = device.tile, attention_kernel(train.attention, device.platform)
-    dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
     held = device.traits.holds_reduced_gradients
-    terms = dict(_fixed_terms(model, *dtypes, roles, tile, held, replicas_across_granules))
+    terms = dict(_fixed_terms(model, _dtypes(train), roles, tile, held, replicas_across_granules))
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
     per_sublayer = counted_per_sublayer(train, traits := device.traits, roles.size("model"))
@@ -77,7 +76,7 @@ def memory_terms(
         # Gradient accumulation: the running sum of every gradient shard, in float32.
         "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
         "layer": layer,
-        "expert stacks": _expert_stacks(model, roles, dtypes[0]) * traits.relayouts_experts,
+        "expert stacks": _expert_stacks(model, roles, train.param_dtype) * traits.relayouts_experts,
         **_quantized(model, train, roles),
     }
 
@@ -158,23 +157,28 @@ def host_bytes(model: ModelSpec, train: TrainSpec, roles: Roles, device: DeviceF
     )
 
 
+def _dtypes(train: TrainSpec) -> tuple[str, str, str, bool]:
+    """What the fixed terms read of the recipe: the three dtypes and ZeRO-1."""
+    return train.param_dtype, train.opt_state_dtype, train.compute_dtype, train.optimizer_over_data
+
+
 @lru_cache(maxsize=4096)
 def _fixed_terms(
     model: ModelSpec,
-    param_dtype: str,
-    opt_dtype: str,
-    compute_dtype: str,
+    dtypes: tuple[str, str, str, bool],
     roles: Roles,
     tile: tuple[int, int] | None,
     holds_reduced: bool,
     held_tables: bool,
 ) -> tuple[tuple[str, int], ...]:
-    """The terms the recipe does not change: parameters, optimizer state, gradients, tables."""
-    pd, od, cd = (dtype_bytes(x) for x in (param_dtype, opt_dtype, compute_dtype))
+    """The terms the recipe does not change: parameters, optimizer state (cut over data too
+    under ZeRO-1), gradients, tables."""
+    pd, od, cd = (dtype_bytes(x) for x in dtypes[:3])
+    moment = (optimizer_bytes if dtypes[3] else shard_bytes)(model, roles, od, tile)
     table = stored((model.vocab_size // roles.size("model"), model.d_model), cd, tile)
     return (
         ("params", shard_bytes(model, roles, pd, tile)),
-        ("optimizer", 2 * shard_bytes(model, roles, od, tile)),
+        ("optimizer", 2 * moment),
         ("gradients", shard_bytes(model, roles, pd, tile)),
         # Across data-parallel axes the gradient shards are reduced in the compute dtype. TPU
         # reduces them after the layer loop: a second set, stacked over the layers like the
@@ -206,9 +210,9 @@ def memory_floor(
     """A lower bound of every recipe's peak (memory_terms's, as `phases` finds it): the tail
     phase's terms that no recipe changes (arguments, gradient shards and their reduced copy,
     the tables), the accumulator left out; the peak is the largest phase's total."""
-    dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
     held = device.traits.holds_reduced_gradients
-    terms = dict(_fixed_terms(model, *dtypes, roles, device.tile, held, replicas_across_granules))
+    fixed = _fixed_terms(model, _dtypes(train), roles, device.tile, held, replicas_across_granules)
+    terms = dict(fixed)
     terms["batch"] = _batch_bytes(Shapes.of(model, train, roles), device.tile)
     return sum(v for k, v in terms.items() if "tail" in TERMS[k])
 

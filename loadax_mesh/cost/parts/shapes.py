@@ -78,6 +78,34 @@ def shard_bytes(model: ModelSpec, roles: Roles, nbytes: int, tile: tuple[int, in
     )
 
 
+@lru_cache(maxsize=4096)
+def optimizer_bytes(
+    model: ModelSpec, roles: Roles, nbytes: int, tile: tuple[int, int] | None
+) -> int:
+    """Bytes of one device's shard of one of Adam's moments under ZeRO-1
+    (TrainSpec.optimizer_over_data): each parameter's shard cut over the data-parallel axes
+    too, where a dim divides (`Roles.optimizer_axes`)."""
+    sizes = dict(roles.sizes)
+    return sum(
+        stored(cut(shape, roles.optimizer_axes(shape, logical), sizes), nbytes, tile)
+        for shape, logical in _params(model)
+    )
+
+
+def cut(
+    shape: tuple[int, ...],
+    entries: tuple[str | tuple[str, ...] | None, ...],
+    sizes: dict[str, int],
+) -> tuple[int, ...]:
+    """One device's part of an array shaped `shape` whose dims go over the mesh axes of
+    `entries` (a PartitionSpec's)."""
+    out = []
+    for d, entry in zip(shape, entries, strict=True):
+        axes = (entry,) if isinstance(entry, str) else entry or ()
+        out.append(d // math.prod(sizes[a] for a in axes))
+    return tuple(out)
+
+
 @lru_cache(maxsize=64)
 def _params(model: ModelSpec) -> tuple[tuple[tuple[int, ...], Logical], ...]:
     """`param_shapes`'s (shape, logical axes) pairs, found once a model."""

@@ -96,15 +96,7 @@ def collectives(
                 ),
             ]
     for a in roles.data_parallel_axes():
-        k, rest = weight_arrays(model), 3 - int(model.tied_embeddings)  # tables, final norm
-        tables = (rest - 1) * model.vocab_size * d // (roles.size("fsdp") * m)
-        outside = (tables + d) * cd
-        found += [
-            Collective(a, "all-reduce", "layer weight gradients", (shard - outside) // (L * k),
-                       L * k * M, True),
-            Collective(a, "all-reduce", "table and norm gradients", outside // rest, rest * M,
-                       True),
-        ]  # fmt: skip
+        found += data_collectives(model, train, roles, a, shard)
     found += tensor_collectives(
         model, train, roles, layer_runs=L * M, head_runs=M, overlapped=overlapped
     )
@@ -112,6 +104,32 @@ def collectives(
         found += exchanges(model, train, roles)
     found += seq_collectives(model, train, roles, layer_runs=L * M)
     return found
+
+
+def data_collectives(
+    model: ModelSpec, train: TrainSpec, roles: Roles, a: str, shard: int
+) -> list[Collective]:
+    """A data axis's: every gradient shard (`shard` bytes of them) all-reduced, each layer
+    weight's as it comes, once a micro-batch. Under ZeRO-1 (`optimizer_over_data`) reduced
+    as pieces instead (reduce-scatter: each device keeps the part its optimizer updates), and
+    the updated parameters gathered back once a step, after the update: nothing left to hide
+    behind."""
+    m, L, d, M = roles.size("model"), model.num_layers, model.d_model, train.microbatches
+    cd, kind = dtype_bytes(train.compute_dtype), "all-reduce"
+    k, rest = weight_arrays(model), 3 - int(model.tied_embeddings)  # tables, final norm
+    tables = (rest - 1) * model.vocab_size * d // (roles.size("fsdp") * m)
+    outside = (tables + d) * cd
+    found: list[Collective] = []
+    if train.optimizer_over_data:
+        kind, pd = "reduce-scatter", dtype_bytes(train.param_dtype)
+        params = shard * pd // cd
+        found.append(Collective(a, "all-gather", "updated parameters", params, 1, False))
+    return [
+        Collective(a, kind, "layer weight gradients", (shard - outside) // (L * k), L * k * M,
+                   True),
+        Collective(a, kind, "table and norm gradients", outside // rest, rest * M, True),
+        *found,
+    ]  # fmt: skip
 
 
 def tensor_collectives(

@@ -61,7 +61,7 @@ def pipeline_memory_terms(
 
     return outer | {
         "params": shard(pd),
-        "optimizer": 2 * shard(od),
+        "optimizer": 2 * shard(od, optimizer=train.optimizer_over_data),
         "gradients": shard(pd) if outer["gradients"] else 0,
         "reduced gradients": reduced * bool(outer["reduced gradients"]),
         "batch": 2 * stored((sh.rows, sh.seq), 4, tile),

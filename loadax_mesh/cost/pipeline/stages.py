@@ -14,7 +14,6 @@ the step from the plain step's parts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from functools import lru_cache
 
@@ -22,7 +21,7 @@ from ...errors import MeshConfigError
 from ...workload.layout import Roles, param_shapes, stages_of
 from ...workload.spec import ModelSpec, TrainSpec
 from ...workload.stages import STAGED, Stages, staged_shapes
-from ..parts.shapes import stored
+from ..parts.shapes import cut, stored
 
 
 def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
@@ -72,17 +71,16 @@ def shard_elements(
     tile: tuple[int, int] | None,
     *,
     staged: bool | None = None,
+    optimizer: bool = False,
 ) -> int:
     """Bytes of one device's parameters in the stage layout (`stages.staged_shapes`: the
     pipelined layers' stage dim over the pipeline axis), stored in `nbytes`-byte words;
-    `staged` True: only the pipelined weights, False: only the rest."""
-    total = 0
+    `staged` True: only the pipelined weights, False: only the rest; `optimizer` True: as
+    ZeRO-1 cuts one of Adam's moments (`Roles.optimizer_axes`)."""
+    total, sizes = 0, dict(r.sizes)
     for name, (shape, logical) in staged_shapes(param_shapes(model), st).items():
         if staged is not None and name.startswith(STAGED) != staged:
             continue
-        cut = []
-        for d, axis in zip(shape, r.mesh_axes(logical), strict=True):
-            axes = (axis,) if isinstance(axis, str) else axis or ()
-            cut.append(d // math.prod(dict(r.sizes)[a] for a in axes))
-        total += stored(tuple(cut), nbytes, tile)
+        entries = r.optimizer_axes(shape, logical) if optimizer else r.mesh_axes(logical)
+        total += stored(cut(shape, entries, sizes), nbytes, tile)
     return total

@@ -70,7 +70,8 @@ def _weights(
 ) -> list[Collective]:
     """The FSDP axis's weight gathers and gradient scatters, every layer pass a device runs
     (the lead layers' and a stage's every iteration) and the tables', and each data-parallel
-    axis's all-reduce of the device's gradient shards (`shard` bytes), one array at a time."""
+    axis's all-reduce of the device's gradient shards (`shard` bytes), one array at a time
+    (under ZeRO-1 a reduce-scatter, and the updated parameters gathered once a step)."""
     cd, mb, d = dtype_bytes(train.compute_dtype), train.microbatches, model.d_model
     lead = st.lead_dense + st.lead_moe
     runs = (lead + st.per_chunk * st.iterations) * mb  # layer passes a device gathers for
@@ -105,11 +106,14 @@ def _weights(
                            (chunks - 1) * mb, True),
             ]  # fmt: skip
     arrays = weight_arrays(model) * (lead + st.layers // st.stages)
+    zero1 = train.optimizer_over_data  # as parts/traffic.data_collectives
+    kind = "reduce-scatter" if zero1 else "all-reduce"
+    params = shard * dtype_bytes(train.param_dtype) // cd
     for a in r.data_parallel_axes():
-        found += [
-            Collective(a, "all-reduce", "layer weight gradients", shard // arrays, arrays * mb,
-                       True),
-        ]  # fmt: skip
+        found.append(Collective(a, kind, "layer weight gradients", shard // arrays, arrays * mb,
+                                True))  # fmt: skip
+        if zero1:
+            found.append(Collective(a, "all-gather", "updated parameters", params, 1, False))
     return found
 
 
