@@ -4,9 +4,9 @@ statements) through the cost model, the estimate beside the measured figure, the
 priced and every assumption named. Nothing here is fitted to these runs: the calibrations are
 the shipped ones (configs/calibration.toml), fitted on runs without a pipeline.
 
-A run the cost model does not price yet (tensor, sequence or expert axes or MoE layers beside a
-pipeline: cost/pipeline/stages.py refuses them with a MeshConfigError) is printed with the refusal's
-reason; a run whose model is not in the catalogue says so.
+Each run is priced with its own schedule (1F1B, interleaved 1F1B), precision and optimizer
+sharding (ZeRO-1 where the run has a data axis). A run the cost model does not price is
+printed with the refusal's reason; a run whose model is not in the catalogue says so.
 
 Then the schedule comparison: torchtitan's interleaved 1F1B against its 1F1B (T6 over T5,
 measured 1.28x): the estimate's ratio of the two steps, as run where the cost model prices
@@ -45,11 +45,12 @@ TAGS = {
     for name, tag in (
         ("grand_teton", "A1 grand-teton"),
         ("fp8", "A2 fp8"),
-        ("gpipe_1f1b", "A3 1f1b-as-gpipe"),
-        ("interleaved", "A4 interleaved-as-circular"),
+        ("gpipe_1f1b", "A3 1f1b"),
+        ("interleaved", "A4 interleaved-1f1b"),
         ("tt_micro", "A5 tt-microbatches"),
         ("tt_notes", "A6 compile/async-tp"),
         ("megatron_dp", "A7 megatron-dp"),
+        ("megatron_zero1", "A10 megatron-zero1"),
         ("megatron_remat", "A8 megatron-remat"),
         ("balanced", "A9 balanced-routing"),
     )
@@ -108,11 +109,16 @@ def measured_step(run: dict[str, Any], e: Estimate) -> float:
 
 
 def schedule_text(run: dict[str, Any], e: Estimate | None = None) -> str:
-    """The schedule as run and as priced: GPipe or circular, stages, repeats, micro-batches,
-    pipelined layers (and the bubble, where priced)."""
+    """The schedule as run and as priced: GPipe, circular, 1F1B or interleaved 1F1B, stages,
+    repeats, micro-batches, pipelined layers (and the bubble, where priced); ZeRO-1 named."""
     t = run["train"]
     stages = run["mesh"]["shape"][run["mesh"]["axes"].index("pipeline")]
-    kind = "GPipe" if t["pipeline_repeats"] == 1 else f"circular R{t['pipeline_repeats']}"
+    repeats, one = t["pipeline_repeats"], t.get("pipeline_schedule") == "1f1b"
+    if repeats == 1:
+        kind = "1F1B" if one else "GPipe"
+    else:
+        kind = f"{'interleaved 1F1B' if one else 'circular'} R{repeats}"
+    kind += ", ZeRO-1" if t.get("optimizer_over_data") else ""
     micro = t.get("pipeline_microbatches") or "?"
     layers = t.get("pipeline_layers") or "all"
     bubble = f", bubble {e.pipeline.bubble:.1%}" if e is not None and e.pipeline else ""

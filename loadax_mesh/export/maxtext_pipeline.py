@@ -85,6 +85,14 @@ def pipeline_keys(
         "layers pipelined; scan_layers=false as base.yml recommends (MaxText scans the "
         "pipeline iterations)"
     ]
+    if st.schedule == "1f1b":
+        closest = "GPipe" if st.repeats == 1 else "the circular schedule"
+        notes.append(
+            f"lost: the {'1F1B' if st.repeats == 1 else 'interleaved 1F1B'} schedule; MaxText "
+            f"has GPipe and circular only (at e591f30), so the keys above are {closest} at the "
+            "same micro-batches and repeats: its bubble and step, but every iteration's "
+            "activations held (estimate with pipeline_schedule='gpipe' for its memory)"
+        )
     if st.per_chunk > 1 and st.remat == "layer" and train.remat != "none":  # "none": alike
         notes.append(
             "memory: MaxText remats a pipeline iteration as one block (its default "

@@ -171,3 +171,15 @@ def test_the_pipeline_preset_over_two_slices_puts_its_stages_on_dcn_in_every_exp
     assert axlearn.ici_mesh_shape == (1, 1, 1, 16, 1, 4)
     assert axlearn.batch_axis_names == ("fsdp",)
     assert dict(plan.to_flax_rules())["stage"] == "pipeline"
+
+
+@pytest.mark.parametrize(("repeats", "closest"), [(1, "GPipe"), (2, "the circular schedule")])
+def test_a_1f1b_plan_exports_the_closest_maxtext_schedule_and_says_so(repeats, closest) -> None:
+    plan = _plan("tpu-v5p-128")
+    fields = dict(global_batch=64, pipeline_microbatches=4, pipeline_repeats=repeats)
+    one = plan.to_maxtext(TrainSpec(**fields, pipeline_schedule="1f1b"), model=LLAMA, order=False)
+    gpipe = plan.to_maxtext(TrainSpec(**fields), model=LLAMA, order=False)
+    assert one.keys == gpipe.keys
+    lost = [n for n in one.notes if n.startswith("lost: the ") and "1F1B" in n]
+    assert len(lost) == 1 and f"are {closest}" in lost[0], one.notes
+    assert not any("1F1B" in n for n in gpipe.notes)

@@ -3,13 +3,14 @@ compiled steps that referee it: docs/cost-terms.md, "Pipeline stages")."""
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 from ...hardware.profile import DeviceFacts
 from ...hardware.traits import attention_kernel
 from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ...workload.stages import Stages
+from ...workload.timetable import one_f_one_b
 from ..memory.layer import layer_bytes, unrolled_bytes
 from ..memory.terms import memory_terms
 from ..parts.shapes import Shapes, stored
@@ -59,7 +60,7 @@ def pipeline_memory_terms(
     sh, hidden = Shapes.of(model, train, r), model.d_model // r.size("model")
     stage_moe = st.lead_moe + st.layers // st.stages * moe
 
-    return outer | {
+    terms = outer | {
         "params": shard(pd),
         "optimizer": 2 * shard(od, optimizer=train.optimizer_over_data),
         "gradients": shard(pd) if outer["gradients"] else 0,
@@ -92,6 +93,44 @@ def pipeline_memory_terms(
         * (st.remat == "iteration"),
         # GPU's second layout of the routed experts: a stage's MoE layers' and the lead ones'
         "expert stacks": outer["expert stacks"] * stage_moe // max(model.num_moe_layers, 1),
+    }
+    if st.schedule == "gpipe":
+        return terms
+    item = stored((stage_sh.micro_rows, stage_sh.seq, hidden), cd, tile)  # a stage input
+    weights = (chunk(cd), shard(4, staged=True))
+    return terms | _one_f_one_b(st, terms, inner, item, kept - kept_stage, weights)
+
+
+@lru_cache(maxsize=4096)
+def in_flight(stages: int, repeats: int, microbatches: int) -> int:
+    """The buffer of items a 1F1B stage keeps (workload/timetable.py: its most, plus the slot
+    an idle tick writes to)."""
+    return one_f_one_b(stages, repeats, microbatches).slots + 1
+
+
+def _one_f_one_b(
+    st: Stages,
+    terms: dict[str, int],
+    inner: dict[str, int],
+    item: int,
+    lead: int,
+    weights: tuple[int, int],
+) -> dict[str, int]:
+    """The terms the 1F1B schedule changes (workload/pipeline_1f1b.py): a stage keeps the
+    inputs of the items in flight, not of every iteration (each layer's under pipeline_remat
+    "layer", the chunk's under "iteration"; `item` one such input, `lead` the lead layers'
+    activations), sums its chunks' weight gradients in float32 beside a chunk of its weights
+    in the compute dtype (`weights`: those two), and runs the head in the loop on a stage's
+    micro-batch: its logits and the gathered table live there, and no backward head of the
+    whole rows."""
+    per_item = item * (st.per_chunk if st.remat == "layer" else 1)
+    kept = in_flight(st.stages, st.repeats, st.microbatches) * per_item
+    return {
+        "activations": kept + lead,
+        "chunk residuals": per_item,
+        "stage weights": sum(weights),
+        "logits": 0,
+        "kept logits": inner["logits"] + terms["embeddings"],
     }
 
 

@@ -47,8 +47,12 @@ def data_roles(r: Roles) -> Roles:
 @lru_cache(maxsize=4096)
 def stage_train(train: TrainSpec, st: Stages) -> TrainSpec:
     """`train` as a stage sees its rows: each gradient-accumulation slice cut into the
-    pipeline's micro-batches."""
-    return replace(train, microbatches=train.microbatches * st.microbatches)
+    pipeline's micro-batches; under 1F1B with full remat whatever the policy (each layer's
+    backward recomputes it from its input: workload/pipeline_1f1b.py)."""
+    micro = train.microbatches * st.microbatches
+    if st.schedule == "1f1b":
+        return replace(train, microbatches=micro, remat="full")
+    return replace(train, microbatches=micro)
 
 
 def stage_passes(st: Stages) -> float:
