@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from ...errors import MeshConfigError
@@ -85,6 +85,32 @@ def _hashable(remat: Any) -> Remat:
     if isinstance(remat, str):
         return remat
     return tuple((t, p) for t, p in (remat.items() if isinstance(remat, Mapping) else remat))
+
+
+def recipe_spec(train: TrainSpec, path: MoePath, remat: Remat, m: int, pipe: Pipe) -> TrainSpec:
+    """`train` with a recipe's fields at one logits chunk, built once (every mesh of a search
+    asks for the same few, and TrainSpec checks its fields when built)."""
+    return _spec(train, type(train.capacity_factor).__name__, path, remat, m, pipe, 1)
+
+
+def with_chunks(train: TrainSpec, chunks: int) -> TrainSpec:
+    """`train` at `chunks` logits chunks, built once (as `recipe_spec`)."""
+    pipe = (train.pipeline_microbatches, train.pipeline_repeats)
+    kind = type(train.capacity_factor).__name__
+    return _spec(train, kind, train.moe, train.remat, train.microbatches, pipe, chunks)
+
+
+@lru_cache(maxsize=65536)
+def _spec(
+    train: TrainSpec, kind: str, path: MoePath, remat: Remat, m: int, pipe: Pipe, chunks: int
+) -> TrainSpec:
+    """`train` with these recipe fields; `kind`, the type name of its capacity factor, in the key:
+    TrainSpecs equal but for an int or float factor give their own."""
+    pm, pr = pipe
+    return replace(
+        train, moe=path, remat=remat, microbatches=m, logits_chunks=chunks,
+        pipeline_microbatches=pm, pipeline_repeats=pr,
+    )  # fmt: skip
 
 
 def missing_host_facts(facts: DeviceFacts) -> list[str]:
@@ -172,11 +198,7 @@ class MeshRecipes:
         """The recipe's TrainSpec at one logits chunk."""
         key = (path, remat, m, pipe)
         if key not in self._specs:
-            pm, pr = pipe
-            self._specs[key] = replace(
-                self.train, moe=path, remat=remat, microbatches=m, logits_chunks=1,
-                pipeline_microbatches=pm, pipeline_repeats=pr,
-            )  # fmt: skip
+            self._specs[key] = recipe_spec(self.train, path, remat, m, pipe)
         return self._specs[key]
 
     def staged(self, path: MoePath, remat: Remat, micro: list[int], pipe: Pipe) -> list[int]:
@@ -325,7 +347,7 @@ def fitting_recipes(
         if found is None or (path, first.remat, c, found.train.microbatches, pipe) in seen:
             continue
         seen.add((path, first.remat, c, found.train.microbatches, pipe))
-        out.append(replace(found, train=replace(found.train, logits_chunks=c)))
+        out.append(replace(found, train=with_chunks(found.train, c)))
     return out, min(search.least, default=None)
 
 

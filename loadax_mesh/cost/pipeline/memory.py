@@ -38,9 +38,7 @@ def pipeline_memory_terms(
         model, train, rd, device, replicas_across_granules=replicas_across_granules
     )
     inner = memory_terms(model, ts, r, device)
-    pd, od, cd = (dtype_bytes(x) for x in (train.param_dtype, train.opt_state_dtype,
-                                           train.compute_dtype))  # fmt: skip
-    shard = partial(shard_elements, model, st, r, tile=tile)
+    held = _held(model, train, r, st, device, outer)
     saved = partial(layer_bytes, model, saved=True, tile=tile, kernel=kernel)
     lead = st.lead_dense + st.lead_moe
     moe = bool(moe_stages(st))  # a MoE layer's saved tensors: its block's (layer_memory.py)
@@ -49,35 +47,23 @@ def pipeline_memory_terms(
     sh = Shapes.of(model, train, rd)
     kept = kept_stage + st.lead_dense * saved(train, sh, rd)
     kept += st.lead_moe and st.lead_moe * saved(train, sh, rd, moe=True)
-
-    def chunk(nbytes: int) -> int:  # one chunk of a stage's weights (of its R)
-        return shard(nbytes, staged=True) // st.repeats
-
-    # Reduced in the compute dtype across data-parallel axes (memory.py): with a data axis
-    # every gradient; else only those the pipeline axis replicates (tables, norm, lead layers).
-    reduced = shard(cd, staged=None if r.data_parallel_axes() else False)
     sh, hidden = Shapes.of(model, train, r), model.d_model // r.size("model")
-    stage_moe = st.lead_moe + st.layers // st.stages * moe
+    cd = dtype_bytes(train.compute_dtype)
 
     return outer | {
-        "params": shard(pd),
-        "optimizer": 2 * shard(od),
-        "gradients": shard(pd) if outer["gradients"] else 0,
-        "reduced gradients": reduced * bool(outer["reduced gradients"]),
-        "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
+        "params": held["params"],
+        "optimizer": held["optimizer"],
+        "gradients": held["gradients"],
+        "reduced gradients": held["reduced gradients"],
+        "batch": held["batch"],
         "activations": kept,
-        "accumulator": shard(4) * (train.microbatches > 1),
+        "accumulator": held["accumulator"],
         "layer": max(inner["layer"], outer["layer"] if lead else 0),
         # While the stages run: the micro-batches and the results in the compute dtype (the
         # hidden dim cut over the tensor axis, as the step's activations); their float32
         # copies at the shard_map's edge are not live then.
         "pipeline buffers": 2 * stored((sh.micro_rows, sh.seq, hidden), cd, tile),
-        # The backward pass of an iteration picks its chunk of the stage's weights again in
-        # the compute dtype (the layer picks them inside its checkpoint, so the scan saves
-        # none) and holds that chunk's float32 gradient beside their running sum (the
-        # buffer assignments of bench_cost's pipelined cases:
-        # docs/notes/2026-11-29-pipeline-stages-priced.md).
-        "stage weights": chunk(cd) + chunk(4),
+        "stage weights": held["stage weights"],
         # ... and copies out one iteration's saved chunk, per_chunk layers of one micro-batch.
         "chunk residuals": kept_stage // st.iterations,
         # The forward pass's logits, which the compiled steps keep until the unembedding's
@@ -90,6 +76,48 @@ def pipeline_memory_terms(
         "iteration residuals": (st.per_chunk - 1)
         * unrolled_bytes(model, ts, stage_sh, r, tile, kernel, moe=moe)
         * (st.remat == "iteration"),
+        "expert stacks": held["expert stacks"],
+    }
+
+
+def _held(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    device: DeviceFacts,
+    outer: dict[str, int],
+) -> dict[str, int]:
+    """The terms of `pipeline_memory_terms` that a stage holds whatever its layers save: its
+    arguments (the parameters, optimizer state, gradient shards and their reduced copy in the
+    stage layout, the batch, GPU's expert stacks), the gradient accumulator and a chunk of
+    stage weights; `outer` the plain step's terms with the pipeline axis acting as data."""
+    tile = device.tile
+    pd, od, cd = (dtype_bytes(x) for x in (train.param_dtype, train.opt_state_dtype,
+                                           train.compute_dtype))  # fmt: skip
+    shard = partial(shard_elements, model, st, r, tile=tile)
+
+    def chunk(nbytes: int) -> int:  # one chunk of a stage's weights (of its R)
+        return shard(nbytes, staged=True) // st.repeats
+
+    # Reduced in the compute dtype across data-parallel axes (memory.py): with a data axis
+    # every gradient; else only those the pipeline axis replicates (tables, norm, lead layers).
+    reduced = shard(cd, staged=None if r.data_parallel_axes() else False)
+    sh = Shapes.of(model, train, r)
+    stage_moe = st.lead_moe + st.layers // st.stages * bool(moe_stages(st))
+    return {
+        "params": shard(pd),
+        "optimizer": 2 * shard(od),
+        "gradients": shard(pd) if outer["gradients"] else 0,
+        "reduced gradients": reduced * bool(outer["reduced gradients"]),
+        "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
+        "accumulator": shard(4) * (train.microbatches > 1),
+        # The backward pass of an iteration picks its chunk of the stage's weights again in
+        # the compute dtype (the layer picks them inside its checkpoint, so the scan saves
+        # none) and holds that chunk's float32 gradient beside their running sum (the
+        # buffer assignments of bench_cost's pipelined cases:
+        # docs/notes/2026-11-29-pipeline-stages-priced.md).
+        "stage weights": chunk(cd) + chunk(4),
         # GPU's second layout of the routed experts: a stage's MoE layers' and the lead ones'
         "expert stacks": outer["expert stacks"] * stage_moe // max(model.num_moe_layers, 1),
     }
@@ -115,8 +143,9 @@ def pipeline_memory_floor(
     layer loop adds that no recipe changes (a chunk of stage weights). The recipe (its
     micro-batches, remat, logits chunks, MoE path and pipeline micro-batches) changes only
     the other terms, so `train` may be any recipe on this layout."""
-    terms = pipeline_memory_terms(
-        model, train, r, st, device, replicas_across_granules=replicas_across_granules
+    outer = memory_terms(
+        model, train, data_roles(r), device, replicas_across_granules=replicas_across_granules
     )
+    terms = outer | _held(model, train, r, st, device, outer)
     fixed = sum(terms.get(k, 0) for k in FLOOR)
     return fixed + max(terms["embeddings"] + terms["held tables"], terms["stage weights"])

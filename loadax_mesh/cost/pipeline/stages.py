@@ -63,7 +63,6 @@ def moe_stages(st: Stages) -> int:
     return int(st.stack == "moe_layers")
 
 
-@lru_cache(maxsize=4096)
 def shard_elements(
     model: ModelSpec,
     st: Stages,
@@ -75,14 +74,45 @@ def shard_elements(
 ) -> int:
     """Bytes of one device's parameters in the stage layout (`stages.staged_shapes`: the
     pipelined layers' stage dim over the pipeline axis), stored in `nbytes`-byte words;
-    `staged` True: only the pipelined weights, False: only the rest."""
-    total = 0
+    `staged` True: only the pipelined weights, False: only the rest. Found once per layout
+    (`layout`): the recipe's pipeline micro-batches and checkpoints do not change it."""
+    return _shard_elements(model, layout(st), r, nbytes, tile, staged)
+
+
+@lru_cache(maxsize=4096)
+def layout(st: Stages) -> Stages:
+    """`st` with only what places the parameters (stages, repeats, the pipelined layers and
+    those before them, `staged_shapes`'s reads): the micro-batches, checkpoints and schedule
+    at fixed values, so that every recipe on one layout shares its parameters' bytes."""
+    return replace(st, microbatches=st.stages, remat="layer", schedule="gpipe")
+
+
+@lru_cache(maxsize=4096)
+def _shard_elements(
+    model: ModelSpec,
+    st: Stages,
+    r: Roles,
+    nbytes: int,
+    tile: tuple[int, int] | None,
+    staged: bool | None,
+) -> int:
+    """`shard_elements` on a layout."""
+    return sum(
+        stored(cut, nbytes, tile)
+        for name, cut in _cuts(model, st, r)
+        if staged is None or name.startswith(STAGED) == staged
+    )
+
+
+@lru_cache(maxsize=1024)
+def _cuts(model: ModelSpec, st: Stages, r: Roles) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Each parameter of the stage layout `st` and its shape on one device (every word size
+    and part of the parameters summed from these)."""
+    sizes, out = dict(r.sizes), []
     for name, (shape, logical) in staged_shapes(param_shapes(model), st).items():
-        if staged is not None and name.startswith(STAGED) != staged:
-            continue
         cut = []
         for d, axis in zip(shape, r.mesh_axes(logical), strict=True):
             axes = (axis,) if isinstance(axis, str) else axis or ()
-            cut.append(d // math.prod(dict(r.sizes)[a] for a in axes))
-        total += stored(tuple(cut), nbytes, tile)
-    return total
+            cut.append(d // math.prod(sizes[a] for a in axes))
+        out.append((name, tuple(cut)))
+    return tuple(out)

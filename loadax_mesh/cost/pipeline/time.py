@@ -5,7 +5,7 @@ functions with a layer-pass count."""
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 from ...hardware.profile import DeviceFacts
 from ...hardware.traits import attention_kernel
@@ -13,6 +13,7 @@ from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec
 from ...workload.stages import Stages
 from ..memory.layer import layer_bytes
+from ..parts.cache import without_pipeline
 from ..parts.flops import layer_flops, step_flops
 from ..parts.shapes import Shapes, shard_bytes
 from ..timing.memory_bound import update_bytes
@@ -69,10 +70,8 @@ def pipeline_time(
     def price(
         train: TrainSpec, roles: Roles, runs: float, moe: float, kept: float = 0.0
     ) -> StepTime:
-        return step_time(model, train, roles, facts, efficiency=efficiency, intensity=intensity,
-                         hidden=0.0, exposed=0.0, across_granules=0.0, offload_bytes=0.0,
-                         kept_bytes=kept, permute_share=permute_share, layer_runs=runs,
-                         moe_runs=moe)  # fmt: skip
+        return _work(model, without_pipeline(train), roles, facts, efficiency, intensity,
+                     permute_share, runs, moe, kept)  # fmt: skip
 
     sh = Shapes.of(model, train, rd)
     lead_kept = st.lead_dense * saved(train, sh, rd)
@@ -93,3 +92,25 @@ def pipeline_time(
     # a stage's layer terms alone are the stage priced less the same step with no layer passes
     work = outer.work + stage.work - bare.work + Compute(0.0, 0.0, update, 0.0)
     return StepTime.of(work, collectives)
+
+
+@lru_cache(maxsize=16384, typed=True)
+def _work(
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    facts: DeviceFacts,
+    efficiency: float,
+    intensity: float | None,
+    permute_share: float | None,
+    runs: float,
+    moe: float,
+    kept: float,
+) -> StepTime:
+    """step_time with no collectives or offload and `runs` layer passes (`moe` of them MoE
+    layers'), found once for every pipeline searched with a recipe: `train` comes without its
+    pipeline fields (`without_pipeline`), which step_time does not read."""
+    return step_time(model, train, roles, facts, efficiency=efficiency, intensity=intensity,
+                     hidden=0.0, exposed=0.0, across_granules=0.0, offload_bytes=0.0,
+                     kept_bytes=kept, permute_share=permute_share, layer_runs=runs,
+                     moe_runs=moe)  # fmt: skip
