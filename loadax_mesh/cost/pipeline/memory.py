@@ -3,7 +3,7 @@ compiled steps that referee it: docs/cost-terms.md, "Pipeline stages")."""
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 from ...hardware.profile import DeviceFacts
 from ...hardware.traits import attention_kernel
@@ -11,9 +11,9 @@ from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
 from ...workload.stages import Stages
 from ..memory.layer import layer_bytes, unrolled_bytes
-from ..memory.terms import memory_terms
+from ..memory.terms import layer_term, memory_terms
 from ..parts.shapes import Shapes, stored
-from .stages import data_roles, moe_stages, shard_elements, stage_train
+from .stages import data_roles, layout, moe_stages, shard_elements, stage_train
 
 
 def pipeline_memory_terms(
@@ -37,7 +37,6 @@ def pipeline_memory_terms(
     outer = memory_terms(
         model, train, rd, device, replicas_across_granules=replicas_across_granules
     )
-    inner = memory_terms(model, ts, r, device)
     held = _held(model, train, r, st, device, outer)
     saved = partial(layer_bytes, model, saved=True, tile=tile, kernel=kernel)
     lead = st.lead_dense + st.lead_moe
@@ -58,7 +57,7 @@ def pipeline_memory_terms(
         "batch": held["batch"],
         "activations": kept,
         "accumulator": held["accumulator"],
-        "layer": max(inner["layer"], outer["layer"] if lead else 0),
+        "layer": max(layer_term(model, ts, r, device), outer["layer"] if lead else 0),
         # While the stages run: the micro-batches and the results in the compute dtype (the
         # hidden dim cut over the tensor axis, as the step's activations); their float32
         # copies at the shard_map's edge are not live then.
@@ -91,11 +90,32 @@ def _held(
     """The terms of `pipeline_memory_terms` that a stage holds whatever its layers save: its
     arguments (the parameters, optimizer state, gradient shards and their reduced copy in the
     stage layout, the batch, GPU's expert stacks), the gradient accumulator and a chunk of
-    stage weights; `outer` the plain step's terms with the pipeline axis acting as data."""
-    tile = device.tile
-    pd, od, cd = (dtype_bytes(x) for x in (train.param_dtype, train.opt_state_dtype,
-                                           train.compute_dtype))  # fmt: skip
+    stage weights; `outer` the plain step's terms with the pipeline axis acting as data.
+    Found once per layout and dtypes (`_arguments`): the caller only reads them."""
+    sh = Shapes.of(model, train, r)
+    dtypes = (train.param_dtype, train.opt_state_dtype, train.compute_dtype)
+    found = (bool(outer["gradients"]), bool(outer["reduced gradients"]), outer["expert stacks"])
+    many = train.microbatches > 1
+    return _arguments(model, r, layout(st), device.tile, dtypes, many, (sh.rows, sh.seq), found)
+
+
+@lru_cache(maxsize=4096)
+def _arguments(
+    model: ModelSpec,
+    r: Roles,
+    st: Stages,
+    tile: tuple[int, int] | None,
+    dtypes: tuple[str, str, str],
+    accumulates: bool,
+    batch: tuple[int, int],
+    outer: tuple[bool, bool, int],
+) -> dict[str, int]:
+    """`_held` on a stage layout `st`: `dtypes` the parameters', optimizer state's and compute
+    dtype, `batch` a device's (rows, sequence slice), `outer` whether the plain step holds
+    gradient shards and a reduced copy, and its expert stacks."""
+    pd, od, cd = (dtype_bytes(x) for x in dtypes)
     shard = partial(shard_elements, model, st, r, tile=tile)
+    gradients, reduced_held, stacks = outer
 
     def chunk(nbytes: int) -> int:  # one chunk of a stage's weights (of its R)
         return shard(nbytes, staged=True) // st.repeats
@@ -103,15 +123,14 @@ def _held(
     # Reduced in the compute dtype across data-parallel axes (memory.py): with a data axis
     # every gradient; else only those the pipeline axis replicates (tables, norm, lead layers).
     reduced = shard(cd, staged=None if r.data_parallel_axes() else False)
-    sh = Shapes.of(model, train, r)
     stage_moe = st.lead_moe + st.layers // st.stages * bool(moe_stages(st))
     return {
         "params": shard(pd),
         "optimizer": 2 * shard(od),
-        "gradients": shard(pd) if outer["gradients"] else 0,
-        "reduced gradients": reduced * bool(outer["reduced gradients"]),
-        "batch": 2 * stored((sh.rows, sh.seq), 4, tile),
-        "accumulator": shard(4) * (train.microbatches > 1),
+        "gradients": shard(pd) if gradients else 0,
+        "reduced gradients": reduced * reduced_held,
+        "batch": 2 * stored(batch, 4, tile),
+        "accumulator": shard(4) * accumulates,
         # The backward pass of an iteration picks its chunk of the stage's weights again in
         # the compute dtype (the layer picks them inside its checkpoint, so the scan saves
         # none) and holds that chunk's float32 gradient beside their running sum (the
@@ -119,7 +138,7 @@ def _held(
         # docs/notes/2026-11-29-pipeline-stages-priced.md).
         "stage weights": chunk(cd) + chunk(4),
         # GPU's second layout of the routed experts: a stage's MoE layers' and the lead ones'
-        "expert stacks": outer["expert stacks"] * stage_moe // max(model.num_moe_layers, 1),
+        "expert stacks": stacks * stage_moe // max(model.num_moe_layers, 1),
     }
 
 
