@@ -188,7 +188,8 @@ def estimate_parts(
 @dataclass(frozen=True)
 class Priced:
     """A step priced on a mesh, before its answer is written out: what the chooser ranks a
-    recipe by (`time`, `axes`, `memory_bytes`, `assumes`) and `estimate`, the whole answer."""
+    recipe by (`time`, `axes`, `assumes`; the peak of `terms`) and `estimate`, the whole
+    answer."""
 
     step: PlainStep
     facts: DeviceFacts
@@ -199,14 +200,11 @@ class Priced:
     host: int
 
     @property
-    def memory_bytes(self) -> int:
-        """The peak: the terms live in the largest phase."""
-        live = phases(self.terms)[1]
-        return sum(v for k, v in self.terms.items() if k in live)
-
-    @property
     def assumes(self) -> tuple[str, ...]:
-        """The conditions the answer rests on (`Estimate.assumes`)."""
+        """The conditions the answer rests on (`Estimate.assumes`): with nothing offloaded,
+        none of the host's."""
+        if not self.host:
+            return quantized_conditions(self.facts, self.step.train)
         return _conditions(self.facts, self.step.train, self.host, self.time)[0]
 
     def estimate(self) -> Estimate:

@@ -171,16 +171,17 @@ def fastest(
             p = price(model, recipe.train, r, factors, efficiency, facts, calibrated,
                       terms=recipe.terms, dcn=dcn)  # fmt: skip
             unsure = recipe.beyond or bool(p.assumes)
-            scored.append(((unsure, *key(p), k, sizes), recipe, p))
+            scored.append(((unsure, *key(p, recipe.peak), k, sizes), recipe, p))
     best, recipe, p = min(scored, key=lambda s: s[0])
     return Scored(best, recipe.train, p.estimate(), recipe.beyond)
 
 
-def key(p: Priced) -> tuple[float, float, int]:
-    """Fastest first; among equals, the one that communicates least, then the smallest (the
-    caller adds the recipe's place in the search and the mesh). With perfect rings each part is
-    a lower bound of the planned one, so the key is one too."""
-    return (p.time.seconds, sum(a.seconds for a in p.axes.values()), p.memory_bytes)
+def key(p: Priced, peak: int) -> tuple[float, float, int]:
+    """Fastest first; among equals, the one that communicates least, then the smallest (`peak`:
+    its memory terms' peak, as `Priced.memory_bytes`; the caller adds the recipe's place in the
+    search and the mesh). With perfect rings each part is a lower bound of the planned one, so
+    the key is one too."""
+    return (p.time.seconds, sum(a.seconds for a in p.axes.values()), peak)
 
 
 def larger_batch(search: Search, spaces: list[Space], n: int) -> tuple[int, Candidate] | None:

@@ -255,8 +255,8 @@ TERMS: dict[str, tuple[str, ...]] = {
 
 def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
     """Each phase's total, and the terms live in the largest (`TERMS` says where each is live)."""
-    undeclared = sorted(set(terms) - set(TERMS))
-    if undeclared:
+    if not terms.keys() <= TERMS.keys():
+        undeclared = sorted(set(terms) - set(TERMS))
         raise LookupError(f"memory terms {undeclared} are declared in no phase (memory/terms.py)")
     totals = dict.fromkeys(WHOLE_STEP, 0)
     for name, nbytes in terms.items():

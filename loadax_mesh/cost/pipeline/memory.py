@@ -44,7 +44,7 @@ def pipeline_memory_terms(
     stage_sh = Shapes.of(model, ts, r)
     kept_stage = st.per_chunk * st.iterations * saved(ts, stage_sh, r, moe=moe)
     sh = Shapes.of(model, train, rd)
-    kept = kept_stage + st.lead_dense * saved(train, sh, rd)
+    kept = kept_stage + (st.lead_dense and st.lead_dense * saved(train, sh, rd))
     kept += st.lead_moe and st.lead_moe * saved(train, sh, rd, moe=True)
     sh, hidden = Shapes.of(model, train, r), model.d_model // r.size("model")
     cd = dtype_bytes(train.compute_dtype)

@@ -28,7 +28,7 @@ from ..parts.shapes import stored
 def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     """The step's stages on these roles (None without a pipeline axis larger than 1); a
     MeshConfigError for what the cost model does not price beside a pipeline yet."""
-    st = stages_of(model, train, r)
+    st = stages_on(model, train, r)
     if st is None:
         return None
     if "offload" in train.placements.values():
@@ -37,6 +37,14 @@ def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
             "yet; accepted: tensors kept on the device or recomputed"
         )
     return st
+
+
+@lru_cache(maxsize=16384)
+def stages_on(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
+    """`layout.stages_of`, found once a recipe and mesh (a search asks for each recipe's stages
+    as it prices its memory and its time); its MeshConfigError, uncached, for fields that do
+    not fit."""
+    return stages_of(model, train, r)
 
 
 @lru_cache(maxsize=4096)

@@ -5,6 +5,7 @@ functions with a layer-pass count."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache, partial
 
 from ...hardware.profile import DeviceFacts
@@ -70,11 +71,11 @@ def pipeline_time(
     def price(
         train: TrainSpec, roles: Roles, runs: float, moe: float, kept: float = 0.0
     ) -> StepTime:
-        return _work(model, without_pipeline(train), roles, facts, efficiency, intensity,
-                     permute_share, runs, moe, kept)  # fmt: skip
+        return _work(model, _timed(train), roles, facts, efficiency, intensity, permute_share,
+                     runs, moe, kept)  # fmt: skip
 
     sh = Shapes.of(model, train, rd)
-    lead_kept = st.lead_dense * saved(train, sh, rd)
+    lead_kept = st.lead_dense and st.lead_dense * saved(train, sh, rd)
     lead_kept += st.lead_moe and st.lead_moe * saved(train, sh, rd, moe=True)
     outer = price(train, rd, lead, st.lead_moe, lead_kept)
     passes, moe = stage_passes(st), bool(moe_stages(st))
@@ -94,6 +95,13 @@ def pipeline_time(
     return StepTime.of(work, collectives)
 
 
+@lru_cache(maxsize=8192)
+def _timed(train: TrainSpec) -> TrainSpec:
+    """`train` with only what step_time reads: no pipeline field (`without_pipeline`), and of
+    the logits chunks only whether there are several (timing/matmuls.py, memory_bound.py)."""
+    return replace(without_pipeline(train), logits_chunks=min(train.logits_chunks, 2))
+
+
 @lru_cache(maxsize=16384, typed=True)
 def _work(
     model: ModelSpec,
@@ -108,8 +116,8 @@ def _work(
     kept: float,
 ) -> StepTime:
     """step_time with no collectives or offload and `runs` layer passes (`moe` of them MoE
-    layers'), found once for every pipeline searched with a recipe: `train` comes without its
-    pipeline fields (`without_pipeline`), which step_time does not read."""
+    layers'), found once for every pipeline and logits-chunk count searched with a recipe:
+    `train` comes with only what step_time reads (`_timed`)."""
     return step_time(model, train, roles, facts, efficiency=efficiency, intensity=intensity,
                      hidden=0.0, exposed=0.0, across_granules=0.0, offload_bytes=0.0,
                      kept_bytes=kept, permute_share=permute_share, layer_runs=runs,
