@@ -178,20 +178,66 @@ def estimate_parts(
     keyword calibrations replace the platform's named ones (configs/calibration.toml,
     `Calibrated`; a chip with measured shares of its peak in the catalogue uses those in place
     of `compute_efficiency`); `float("inf")`: no limit."""
-    step = step_cost(model, train, r)
-    if terms is None:
-        held = holds_tables(facts, r, factors)
-        terms = step.memory_terms(facts, replicas_across_granules=held)
     calibrated = Calibrated.of(
         facts.platform, compute_efficiency=compute_efficiency, intensity=intensity,
         permute_share=permute_share, dcn_latency=dcn_latency, slice_bandwidth=slice_bandwidth,
     )  # fmt: skip
-    priced = across_granules(facts, factors, calibrated.dcn_latency, calibrated.slice_bandwidth)
+    return price(model, train, r, factors, efficiency, facts, calibrated, terms=terms).estimate()
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A step priced on a mesh, before its answer is written out: what the chooser ranks a
+    recipe by (`time`, `axes`, `assumes`; the peak of `terms`) and `estimate`, the whole
+    answer."""
+
+    step: PlainStep
+    facts: DeviceFacts
+    factors: dict[str, tuple[int, int]]
+    terms: dict[str, int]
+    axes: dict[str, AxisTraffic]
+    time: StepTime
+    host: int
+
+    @property
+    def assumes(self) -> tuple[str, ...]:
+        """The conditions the answer rests on (`Estimate.assumes`): with nothing offloaded,
+        none of the host's."""
+        if not self.host:
+            return quantized_conditions(self.facts, self.step.train)
+        return _conditions(self.facts, self.step.train, self.host, self.time)[0]
+
+    def estimate(self) -> Estimate:
+        return _answer(self.step, self.facts, self.factors, self.terms, self.axes, self.time,
+                       self.host)  # fmt: skip
+
+
+def price(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    factors: dict[str, tuple[int, int]],
+    efficiency: dict[str, float],
+    facts: DeviceFacts,
+    calibrated: Calibrated,
+    *,
+    terms: dict[str, int] | None = None,
+    dcn: DeviceFacts | None = None,
+) -> Priced:
+    """`estimate_parts`'s step priced, with the calibrations given; `dcn`: the device's facts
+    across granules on these factors (`across_granules`) where already found (a search
+    prices every recipe of a mesh on the same)."""
+    step = step_cost(model, train, r)
+    if terms is None:
+        held = holds_tables(facts, r, factors)
+        terms = step.memory_terms(facts, replicas_across_granules=held)
+    if dcn is None:
+        dcn = across_granules(facts, factors, calibrated.dcn_latency, calibrated.slice_bandwidth)
     traits = facts.traits
     found = step.collectives(
         overlapped=traits.overlaps_tensor_collectives, regather=traits.regathers_attention_weights
     )
-    axes = step.axes(found, factors, efficiency, priced)
+    axes = step.axes(found, factors, efficiency, dcn)
     host = host_bytes(model, train, r, facts)
     moved = host * train.microbatches  # every micro-batch writes and reads its own
     if moved and facts.host_link_bandwidth is None and not traits.offload_overlaps_compute:
@@ -199,7 +245,7 @@ def estimate_parts(
     t = step.time(
         facts, waits(axes), calibrated, offload_bytes=moved, kept_bytes=terms["activations"]
     )
-    return _answer(step, facts, factors, terms, axes, t, host)
+    return Priced(step, facts, factors, terms, axes, t, host)
 
 
 def waits(axes: dict[str, AxisTraffic]) -> tuple[float, float, float]:
@@ -231,8 +277,7 @@ def _answer(
     devices = math.prod(size for _, size in r.sizes)
     peak = sum(at_peak.values())
     profile = hardware_profile(facts.hardware)
-    assumes, link = host_conditions(facts, profile, host, moved, t)
-    assumes += quantized_conditions(facts, train)
+    assumes, link = _conditions(facts, train, host, t)
     host_memory = facts.host_memory_bytes
     verdict = _band.fit_verdict(peak, facts.hbm_bytes, _band.memory_band(facts.platform))
     if host and host_memory is not None and host > host_memory:
@@ -276,6 +321,16 @@ def _answer(
         pipeline=step.pipeline,
         train=train,
     )
+
+
+def _conditions(
+    facts: DeviceFacts, train: TrainSpec, host: int, t: StepTime
+) -> tuple[tuple[str, ...], float]:
+    """The conditions the answer rests on (host facts, carried calibrations), and the host
+    link bandwidth its offload is priced at (`host_conditions`)."""
+    moved = host * train.microbatches
+    assumes, link = host_conditions(facts, hardware_profile(facts.hardware), host, moved, t)
+    return assumes + quantized_conditions(facts, train), link
 
 
 def _bottleneck(t: StepTime, axes: dict[str, AxisTraffic]) -> str:

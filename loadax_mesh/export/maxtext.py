@@ -26,6 +26,7 @@ from ..hardware.traits import attention_kernel, platform_traits
 from ..workload.layout import Roles, check_modelled
 from ..workload.model import ModelSpec
 from .axes import named_roles, trainer_axes
+from .maxtext_numerics import numerics_keys
 from .maxtext_pipeline import pipeline_keys
 from .order import OrderComparison, compare_order
 
@@ -207,26 +208,6 @@ def _moe(train: TrainSpec, platform: str) -> dict[str, str]:
     return keys
 
 
-# TrainSpec.quantization -> MaxText's keys
-_QUANTIZATION = {
-    "fp8": {"quantization": "fp8_full", "use_qwix_quantization": "true"},
-    "int8": {"quantization": "int8"},
-}
-
-
-def _quantization(train: TrainSpec) -> tuple[dict[str, str], list[str]]:
-    """The low-precision keys of `train` and what they approximate (none unquantized)."""
-    if (q := train.quantization) == "none":
-        return {}, []
-    scope = "e4m3 weights and activations, e5m2 gradients" if q == "fp8" else "int8 operands"
-    return _QUANTIZATION[q], [
-        f"approximate: quantization={_QUANTIZATION[q]['quantization']} ({scope}) quantizes "
-        "every matmul of MaxText's decoder layers, the router's included; the reference step "
-        "quantizes the projections' and MLP matmuls (the experts' too) and keeps the router, "
-        "attention and the head in the compute dtype"
-    ]
-
-
 def _resized(model: ModelSpec) -> dict[str, str]:
     """The keys that resize MaxText's config of a shipped model to `model` (none when equal)."""
     shipped = ModelSpec.from_name(model.name)
@@ -325,7 +306,7 @@ def to_maxtext(
             {f"{level}_{_KEY_WORD.get(a, a)}_parallelism": str(d) for a, d in degree.items()}
         )
     attention = attention_kernel(train.attention, str(plan.table.platform))
-    quantized, quantized_notes = _quantization(train)
+    quantized, quantized_notes = numerics_keys(train)
     keys.update(
         {
             "per_device_batch_size": _batch(plan, train),
@@ -341,7 +322,6 @@ def to_maxtext(
             **(_moe(train, str(plan.table.platform)) if moe else {}),
             **({} if model is None else _model(model)),
             **quantized,
-            **({"shard_optimizer_over_data": "true"} if train.optimizer_over_data else {}),
         }
     )
     notes = [
@@ -353,12 +333,6 @@ def to_maxtext(
         *stage_notes,
         *quantized_notes,
     ]
-    if train.optimizer_over_data:
-        notes.append(
-            "approximate: MaxText's shard_optimizer_over_data gathers the parameters in "
-            "bfloat16 before the accumulation loop; the reference step gathers them in "
-            f"param_dtype ({train.param_dtype}) after the update"
-        )
     if "context" in axes.values():
         notes.append(
             "approximate: MaxText's context axis also shards the weights' embed dim (FSDP-like), "

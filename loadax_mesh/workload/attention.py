@@ -122,3 +122,21 @@ def _splash(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, r: Roles) -> j
         v.transpose(heads_first),
     )
     return out.transpose(heads_first)
+
+
+def rotary(seq_len: int, head_dim: int) -> tuple[jax.Array, jax.Array]:
+    """The rotary position embedding's sin and cos [seq_len, head_dim / 2] (base 10000)."""
+    half = head_dim // 2
+    freq = 10000.0 ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freq[None, :]
+    return jnp.sin(angle), jnp.cos(angle)
+
+
+def rotate(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
+    """Rotary position embedding on [batch, seq, heads, head_dim] (halves rotated), in the
+    compute dtype as Hugging Face's LLaMA does: in float32 the rotation's fusions cost libtpu's
+    code generation about 4 s of the 8B step's compile
+    (docs/notes/2026-11-25-step-time-vs-measured-runs.md)."""
+    a, b = jnp.split(x, 2, axis=-1)
+    s, c = (t[None, :, None, :].astype(x.dtype) for t in (sin, cos))
+    return jnp.concatenate([a * c - b * s, a * s + b * c], axis=-1)

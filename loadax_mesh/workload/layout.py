@@ -25,6 +25,7 @@ from functools import cached_property
 from ..errors import MeshConfigError
 from .spec import ModelSpec, TrainSpec
 from .stages import Stages, pipeline_stages
+from .zero import check_optimizer_over_data
 
 # The mesh-axis names that play each role; an axis named otherwise must be a batch axis or 1.
 ROLE_NAMES = {
@@ -102,24 +103,6 @@ class Roles:
             for axis in (entry,) if isinstance(entry, str) else entry or ():
                 total *= dict(self.sizes)[axis]
         return total
-
-    def optimizer_axes(
-        self, shape: tuple[int, ...], logical: Logical
-    ) -> tuple[str | tuple[str, ...] | None, ...]:
-        """`mesh_axes` of an optimizer state shaped `shape` under ZeRO-1
-        (TrainSpec.optimizer_over_data): the data-parallel axes added to its first dim that
-        still divides by their degree; a state no dim of which divides (a norm's scale, say)
-        stays as its parameter is. Without data-parallel axes, `mesh_axes`."""
-        entries = self.mesh_axes(logical)
-        data = self.data_parallel_axes()
-        sizes = dict(self.sizes)
-        degree = math.prod(sizes[a] for a in data)
-        for k, (n, entry) in enumerate(zip(shape, entries, strict=True)):
-            held = (entry,) if isinstance(entry, str) else entry or ()
-            if data and n % (math.prod(sizes[a] for a in held) * degree) == 0:
-                joined = (*held, *data)
-                return (*entries[:k], joined[0] if len(joined) == 1 else joined, *entries[k + 1 :])
-        return entries
 
 
 def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> Roles:
@@ -306,16 +289,6 @@ def moe_param_shapes(
     return {f"moe_layers/{k}": ((M, *shape), (None, *ax)) for k, (shape, ax) in layer.items()}
 
 
-def _check_optimizer_over_data(train: TrainSpec, r: Roles) -> None:
-    if train.optimizer_over_data and not r.data_parallel_axes():
-        raise MeshConfigError(
-            "optimizer_over_data=True: the plan has no data-parallel axis larger than 1 (a "
-            "batch axis that is neither the FSDP nor the expert axis) to shard the optimizer "
-            f"over (mesh {' x '.join(f'{a}={n}' for a, n in r.sizes)}); accepted: False, or "
-            "a plan with a data axis"
-        )
-
-
 def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     """The model is one the step builds and the cost model prices (`check_modelled`: MoE
     layers with SwiGLU experts included), every sharded dim divides by its axis, the global
@@ -324,7 +297,7 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     larger than 1, the pipeline fields. Returns the step's stages (`stages_of`), or None."""
     check_modelled(model, by="the reference step and the cost model", experts=True, latent=True)
     st = stages_of(model, train, r)
-    _check_optimizer_over_data(train, r)
+    check_optimizer_over_data(train, r.sizes, r.data_parallel_axes())
     batch = r.size("batch")
     if train.global_batch % batch:
         raise MeshConfigError(

@@ -17,6 +17,7 @@ axis, so each stage holds only its own chunks (MaxText's layout of pipelined wei
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from ..errors import MeshConfigError
@@ -82,11 +83,13 @@ def bubble(stages: int, microbatches: int, repeats: int) -> float:
     return (stages - 1) / (microbatches * repeats + stages - 1)
 
 
-def _kinds(model: ModelSpec) -> list[str]:
-    """Each layer's stack, in order: "moe_layers" for a MoE layer, "layers" for a dense one."""
+@lru_cache(maxsize=64)
+def _kinds(model: ModelSpec) -> tuple[str, ...]:
+    """Each layer's stack, in order: "moe_layers" for a MoE layer, "layers" for a dense one
+    (found once a model: the chooser checks every recipe's stages)."""
     first, every, groups = model.first_dense_layers, model.moe_every, model.num_moe_layers
     moe = {first + k * every + every - 1 for k in range(groups)} if model.num_experts else set()
-    return ["moe_layers" if i in moe else "layers" for i in range(model.num_layers)]
+    return tuple("moe_layers" if i in moe else "layers" for i in range(model.num_layers))
 
 
 def pipeline_stages(

@@ -26,20 +26,19 @@ from jax.sharding import PartitionSpec as P
 
 from ..hardware.traits import platform_traits
 from . import quantized
-from .attention import attention
+from .attention import attention, rotary, rotate
 from .kernels import traced_for
 from .layout import Roles, check_fit, param_shapes, regathered, roles
 from .loss import cross_entropy_loss
 from .moe import moe_mlp
-from .pipeline import decoder, leading, staged, to_stages
+from .optimizer import adam, initial_state, moment_shardings
+from .pipeline import decoder, leading, staged
 from .pipeline_1f1b import pipelined_loss
 from .remat import _regathered_projection, stage_policy
 from .remat import remat_policy as remat_policy
 from .spec import ModelSpec, TrainSpec
 from .stages import STAGED, Stages, staged_shapes
 
-_BETAS = (0.9, 0.95)
-_EPS = 1e-8
 _NORM_EPS = 1e-5
 
 Params = dict[str, Any]
@@ -78,14 +77,11 @@ class Step:
 
     @cached_property
     def opt_shardings(self) -> Params:
-        """Adam's moments' shardings: the parameters', or with `optimizer_over_data` (ZeRO-1)
-        cut over the data-parallel axes too (`Roles.optimizer_axes`)."""
-        if not self.train.optimizer_over_data:
-            return self.param_shardings
-        return {
-            k: NamedSharding(self.mesh, P(*self.roles.optimizer_axes(s, axes)))
-            for k, (s, axes) in self.shapes.items()
-        }
+        """Adam's moments' shardings (optimizer.py: the parameters', cut over data too under
+        ZeRO-1)."""
+        return moment_shardings(
+            self.mesh, self.roles, self.shapes, self.train, self.param_shardings
+        )
 
     @cached_property
     def batch_sharding(self) -> NamedSharding:
@@ -143,68 +139,18 @@ class Step:
         """Real, sharded parameters (scaled normal; norms 1) and a zero optimizer state; with
         pipeline stages, the values of the step without them, in the stage layout."""
         params, opt, _ = self.abstract_args()
-        shapes = param_shapes(self.model)
-        dtype = jnp.dtype(self.train.param_dtype)
-
-        def make(key: jax.Array) -> tuple[Params, Params]:
-            keys = dict(zip(shapes, jax.random.split(key, len(shapes)), strict=True))
-            p = {
-                k: (
-                    jnp.ones(s, dtype)
-                    if k.endswith("norm")
-                    else jax.random.normal(keys[k], s, dtype) * self._init_scale(k)
-                )
-                for k, (s, _) in shapes.items()
-            }
-            p = p if self.stages is None else to_stages(p, self.stages)
-            zeros = {k: jnp.zeros(a.shape, a.dtype) for k, a in opt["m"].items()}
-            return p, {"m": zeros, "v": dict(zeros), "count": jnp.zeros((), jnp.int32)}
-
-        out = jax.tree.map(lambda a: a.sharding, (params, opt))
-        return jax.jit(make, out_shardings=out)(key)
-
-    def _init_scale(self, name: str) -> float:
-        """1 / sqrt(fan-in): the contracted width of each weight."""
-        m = self.model
-        fan_in = {
-            "w_down": m.d_ff,
-            "wo": m.num_heads * (m.v_head_dim if m.attention == "mla" else m.head_dim),
-            "wq_b": m.q_lora_rank,
-            "wkv_b": m.kv_lora_rank,
-            "we_down": m.moe_d_ff,
-            "ws_down": m.num_shared_experts * m.moe_d_ff,
-        }
-        return float(fan_in.get(name.rsplit("/", 1)[-1], m.d_model)) ** -0.5
+        shardings = jax.tree.map(lambda a: a.sharding, (params, opt))
+        return initial_state(self.model, self.train, self.stages, opt["m"], shardings, key)
 
     # -- the computation ----------------------------------------------------------------------
 
     def _step(self, params: Params, opt: Params, batch: Params) -> tuple[Params, Params, Any]:
-        """Adam on the batch's gradients. With `optimizer_over_data` the update runs on each
-        device's part of the moments (the gradients reduce-scattered there, the parameters
-        sliced there) and the updated parameters are gathered back to their sharding."""
         loss, grads = self._gradients(params, batch)
-        count = opt["count"] + 1
-        b1, b2 = _BETAS
-        odt = jnp.dtype(self.train.opt_state_dtype)
-        zero1 = self.train.optimizer_over_data
-
-        def part(k: str, a: jax.Array) -> jax.Array:
-            return jax.lax.with_sharding_constraint(a, self.opt_shardings[k]) if zero1 else a
-
-        grads = {k: part(k, g) for k, g in grads.items()}
-        m = {k: (b1 * opt["m"][k] + (1 - b1) * g).astype(odt) for k, g in grads.items()}
-        v = {k: (b2 * opt["v"][k] + (1 - b2) * g * g).astype(odt) for k, g in grads.items()}
-        lr = self.train.learning_rate * jnp.sqrt(1 - b2**count) / (1 - b1**count)
-        new = {
-            k: (part(k, p) - lr * m[k] / (jnp.sqrt(v[k]) + _EPS)).astype(p.dtype)
-            for k, p in params.items()
-        }
-        if zero1:
-            new = {
-                k: jax.lax.with_sharding_constraint(a, self.param_shardings[k])
-                for k, a in new.items()
-            }
-        return new, {"m": m, "v": v, "count": count}, loss
+        new, opt = adam(
+            params, opt, grads, train=self.train, moments=self.opt_shardings,
+            shardings=self.param_shardings,
+        )  # fmt: skip
+        return new, opt, loss
 
     def _gradients(self, params: Params, batch: Params) -> tuple[jax.Array, Params]:
         """Loss and gradients of the step's batch; with `microbatches` M > 1, a scan over M
@@ -370,8 +316,8 @@ class Step:
                 )
                 for w, name in (("wq", "query"), ("wk", "key"), ("wv", "value"))
             )
-            sin, cos = _rotary(self.model.seq_len, self.model.head_dim)
-            q, k = _rotate(q, sin, cos), _rotate(k, sin, cos)
+            sin, cos = rotary(self.model.seq_len, self.model.head_dim)
+            q, k = rotate(q, sin, cos), rotate(k, sin, cos)
         o = attention(q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles)
         o = checkpoint_name(o, "attention_out")
         return checkpoint_name(self._matmul("bshk,hkd->bsd", o, p["wo"]), "out_proj")
@@ -412,10 +358,10 @@ class Step:
         latent, rope_key = down[..., : m.kv_lora_rank], down[..., m.kv_lora_rank :]
         up = mm("bsr,rhk->bshk", _rms_norm(latent, p["kv_norm"]), p["wkv_b"])
         k_nope, v = up[..., : m.qk_nope_head_dim], up[..., m.qk_nope_head_dim :]
-        sin, cos = _rotary(m.seq_len, m.qk_rope_head_dim)
+        sin, cos = rotary(m.seq_len, m.qk_rope_head_dim)
         q_nope, q_rope = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
-        q = jnp.concatenate([q_nope, _rotate(q_rope, sin, cos)], axis=-1)
-        rope_key = jnp.broadcast_to(_rotate(rope_key[:, :, None, :], sin, cos), q_rope.shape)
+        q = jnp.concatenate([q_nope, rotate(q_rope, sin, cos)], axis=-1)
+        rope_key = jnp.broadcast_to(rotate(rope_key[:, :, None, :], sin, cos), q_rope.shape)
         k = checkpoint_name(jnp.concatenate([k_nope, rope_key], axis=-1), "key")
         return q, k, checkpoint_name(v, "value")
 
@@ -442,20 +388,3 @@ def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + _NORM_EPS)
     return (normed * scale.astype(jnp.float32)).astype(x.dtype)
-
-
-def _rotary(seq_len: int, head_dim: int) -> tuple[jax.Array, jax.Array]:
-    half = head_dim // 2
-    freq = 10000.0 ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freq[None, :]
-    return jnp.sin(angle), jnp.cos(angle)
-
-
-def _rotate(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
-    """Rotary position embedding on [batch, seq, heads, head_dim] (halves rotated), in the
-    compute dtype as Hugging Face's LLaMA does: in float32 the rotation's fusions cost libtpu's
-    code generation about 4 s of the 8B step's compile
-    (docs/notes/2026-11-25-step-time-vs-measured-runs.md)."""
-    a, b = jnp.split(x, 2, axis=-1)
-    s, c = (t[None, :, None, :].astype(x.dtype) for t in (sin, cos))
-    return jnp.concatenate([a * c - b * s, a * s + b * c], axis=-1)

@@ -11,16 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from ...errors import MeshConfigError
 from ...hardware.profile import DeviceFacts
-from ...workload.layout import Roles, check_fit, stages_of
+from ...workload.layout import Roles, check_fit
 from ...workload.spec import MOE, ModelSpec, MoePath, TrainSpec
 from ..band import memory_band
 from ..memory.terms import host_bytes, memory_floor, memory_terms, phases
 from ..pipeline.memory import pipeline_memory_floor, pipeline_memory_terms
+from ..pipeline.stages import stages_on
 
 # The recipe fields a search varies, and the default search. MaxText's custom offload as the
 # tpu-recipes' LLaMA 3.1 8B runs set it: the layer input, q, k, v and the output projection in
@@ -52,6 +53,7 @@ class Recipe:
 
     train: TrainSpec
     terms: dict[str, int]
+    peak: int  # their peak (memory/terms.py's `phases`)
     # over the headroom's limit, but not beyond what the model's measured error allows
     # (cost/band.py): kept, marked, ranked after the recipes within the limit
     beyond: bool = False
@@ -87,6 +89,32 @@ def _hashable(remat: Any) -> Remat:
     return tuple((t, p) for t, p in (remat.items() if isinstance(remat, Mapping) else remat))
 
 
+def recipe_spec(train: TrainSpec, path: MoePath, remat: Remat, m: int, pipe: Pipe) -> TrainSpec:
+    """`train` with a recipe's fields at one logits chunk, built once (every mesh of a search
+    asks for the same few, and TrainSpec checks its fields when built)."""
+    return _spec(train, type(train.capacity_factor).__name__, path, remat, m, pipe, 1)
+
+
+def with_chunks(train: TrainSpec, chunks: int) -> TrainSpec:
+    """`train` at `chunks` logits chunks, built once (as `recipe_spec`)."""
+    pipe = (train.pipeline_microbatches, train.pipeline_repeats)
+    kind = type(train.capacity_factor).__name__
+    return _spec(train, kind, train.moe, train.remat, train.microbatches, pipe, chunks)
+
+
+@lru_cache(maxsize=65536)
+def _spec(
+    train: TrainSpec, kind: str, path: MoePath, remat: Remat, m: int, pipe: Pipe, chunks: int
+) -> TrainSpec:
+    """`train` with these recipe fields; `kind`, the type name of its capacity factor, in the key:
+    TrainSpecs equal but for an int or float factor give their own."""
+    pm, pr = pipe
+    return replace(
+        train, moe=path, remat=remat, microbatches=m, logits_chunks=chunks,
+        pipeline_microbatches=pm, pipeline_repeats=pr,
+    )  # fmt: skip
+
+
 def missing_host_facts(facts: DeviceFacts) -> list[str]:
     """The catalogue facts an offloading recipe needs that `facts` lacks and no condition
     answers for (cost/conditions.py: copies that wait on the host link cost what it makes
@@ -110,7 +138,7 @@ def terms_of(
 ) -> dict[str, int]:
     """A recipe's memory terms on this mesh: a pipelined step's where it has stages, else a
     plain step's (`across`: memory_terms's replicas_across_granules)."""
-    st = stages_of(model, t, r)
+    st = stages_on(model, t, r)
     if st is None:
         return memory_terms(model, t, r, facts, replicas_across_granules=across)
     return pipeline_memory_terms(model, t, r, st, facts, replicas_across_granules=across)
@@ -172,11 +200,7 @@ class MeshRecipes:
         """The recipe's TrainSpec at one logits chunk."""
         key = (path, remat, m, pipe)
         if key not in self._specs:
-            pm, pr = pipe
-            self._specs[key] = replace(
-                self.train, moe=path, remat=remat, microbatches=m, logits_chunks=1,
-                pipeline_microbatches=pm, pipeline_repeats=pr,
-            )  # fmt: skip
+            self._specs[key] = recipe_spec(self.train, path, remat, m, pipe)
         return self._specs[key]
 
     def staged(self, path: MoePath, remat: Remat, micro: list[int], pipe: Pipe) -> list[int]:
@@ -186,7 +210,7 @@ class MeshRecipes:
         for m in micro:
             if (m, pipe) not in self._staged:
                 try:
-                    stages_of(self.model, self.spec(path, remat, m, pipe), self.r)
+                    stages_on(self.model, self.spec(path, remat, m, pipe), self.r)
                     self._staged[m, pipe] = True
                 except MeshConfigError:  # the pipeline's fields do not fit
                     self._staged[m, pipe] = False
@@ -204,7 +228,7 @@ class MeshRecipes:
             t = self.spec(path, remat, micro[0], pipe) if micro else None
             if t is None or "offload" in t.placements.values():
                 continue  # found, or no recipe of this pipeline and remat is priced
-            st = stages_of(self.model, t, self.r)
+            st = stages_on(self.model, t, self.r)
             assert st is not None  # the mesh has a pipeline axis larger than 1
             floors[pipe] = pipeline_memory_floor(
                 self.model, t, self.r, st, self.facts, replicas_across_granules=self.across
@@ -224,9 +248,10 @@ class MeshRecipes:
                 self._chunks[c] = False
         return self._chunks[c]
 
-    def fits(self, t: TrainSpec, chunks: int, limit: float) -> dict[str, int] | None:
-        """The recipe's terms at `chunks` logits chunks where its peak is within `limit`, else
-        None (its peak gathered in `least`; none where its offload is over the host's)."""
+    def fits(self, t: TrainSpec, chunks: int, limit: float) -> tuple[dict[str, int], int] | None:
+        """The recipe's terms at `chunks` logits chunks and their peak where it is within
+        `limit`, else None (its peak gathered in `least`; none where its offload is over the
+        host's)."""
         key = (t.moe, t.remat, t.microbatches, (t.pipeline_microbatches, t.pipeline_repeats))
         if key not in self._priced:
             over = host_bytes(self.model, t, self.r, self.facts) > self.limits.host
@@ -243,7 +268,7 @@ class MeshRecipes:
         if peak > limit:
             self.least.append(peak)
             return None
-        return terms
+        return terms, peak
 
     def fewest(
         self, path: MoePath, remat: Remat, c: int, micro: list[int], pipe: Pipe, at: float
@@ -254,11 +279,11 @@ class MeshRecipes:
         while lo <= hi:
             mid = (lo + hi) // 2
             t = self.spec(path, remat, micro[mid], pipe)
-            terms = self.fits(t, c, at)
-            if terms is None:
+            fit = self.fits(t, c, at)
+            if fit is None:
                 lo = mid + 1
             else:
-                found, hi = Recipe(t, terms), mid - 1
+                found, hi = Recipe(t, *fit), mid - 1
         return found
 
     def found(
@@ -325,7 +350,7 @@ def fitting_recipes(
         if found is None or (path, first.remat, c, found.train.microbatches, pipe) in seen:
             continue
         seen.add((path, first.remat, c, found.train.microbatches, pipe))
-        out.append(replace(found, train=replace(found.train, logits_chunks=c)))
+        out.append(replace(found, train=with_chunks(found.train, c)))
     return out, min(search.least, default=None)
 
 

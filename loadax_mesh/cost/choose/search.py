@@ -14,7 +14,8 @@ from ...errors import MeshConfigError
 from ...hardware.profile import DeviceFacts
 from ...workload.layout import Roles, check_fit, roles
 from ...workload.spec import ModelSpec, TrainSpec
-from ..estimate import Estimate, estimate_parts, holds_tables
+from ..calibration import Calibrated
+from ..estimate import Estimate, Priced, across_granules, holds_tables, price
 from .pipeline import pipeline_recipes
 from .recipes import Recipe, fitting_recipes
 from .space import ACROSS, Candidate, Space, across, tally
@@ -155,28 +156,32 @@ def fastest(
 ) -> Scored:
     """The fastest of the recipes on this mesh (`efficiency`: each axis's link factor). A
     recipe beyond the headroom is unsure and ranks after every sure one, so those are
-    estimated only where no recipe within it is sure."""
+    priced only where no recipe within it is sure. Each recipe is priced (`price`), the
+    winner alone written out as an Estimate."""
     sizes = tuple(s for _, s in r.sizes)
-    scored: list[Scored] = []
+    calibrated = Calibrated.of(facts.platform)
+    dcn = across_granules(facts, factors, calibrated.dcn_latency, calibrated.slice_bandwidth)
+    scored: list[tuple[tuple[Any, ...], Recipe, Priced]] = []
     for beyond in (False, True):
-        if beyond and any(not s.key[0] for s in scored):
+        if beyond and any(not s[0][0] for s in scored):
             break
         for k, recipe in enumerate(recipes):
             if recipe.beyond != beyond:
                 continue
-            e = estimate_parts(
-                model, recipe.train, r, factors, efficiency, facts, terms=recipe.terms
-            )
-            unsure = recipe.beyond or bool(e.assumes)
-            scored.append(Scored((unsure, *key(e), k, sizes), recipe.train, e, recipe.beyond))
-    return min(scored, key=lambda s: s.key)
+            p = price(model, recipe.train, r, factors, efficiency, facts, calibrated,
+                      terms=recipe.terms, dcn=dcn)  # fmt: skip
+            unsure = recipe.beyond or bool(p.assumes)
+            scored.append(((unsure, *key(p, recipe.peak), k, sizes), recipe, p))
+    best, recipe, p = min(scored, key=lambda s: s[0])
+    return Scored(best, recipe.train, p.estimate(), recipe.beyond)
 
 
-def key(e: Estimate) -> tuple[float, float, int]:
-    """Fastest first; among equals, the one that communicates least, then the smallest (the
-    caller adds the recipe's place in the search and the mesh). With perfect rings each part is
-    a lower bound of the planned one, so the key is one too."""
-    return (e.step_seconds, sum(a.seconds for a in e.axes.values()), e.memory_bytes)
+def key(p: Priced, peak: int) -> tuple[float, float, int]:
+    """Fastest first; among equals, the one that communicates least, then the smallest (`peak`:
+    its memory terms' peak, as `Priced.memory_bytes`; the caller adds the recipe's place in the
+    search and the mesh). With perfect rings each part is a lower bound of the planned one, so
+    the key is one too."""
+    return (p.time.seconds, sum(a.seconds for a in p.axes.values()), peak)
 
 
 def for_mesh(train: TrainSpec, r: Roles) -> TrainSpec:

@@ -54,19 +54,13 @@ def memory_terms(
     terms = dict(_fixed_terms(model, _dtypes(train), roles, tile, held, replicas_across_granules))
     sh = Shapes.of(model, train, roles)
     cd = dtype_bytes(train.compute_dtype)
-    per_sublayer = counted_per_sublayer(train, traits := device.traits, roles.size("model"))
+    traits = device.traits
     logits = 2 * stored((sh.micro_rows, sh.seq, sh.vocab), cd, tile)
-    if model.num_experts:
-        experts_held = 1 + (not traits.sublayer_weights)  # GPU: their gradients beside them
-        activations, layer = _moe_layers(model, train, sh, roles, tile, kernel, experts_held)
-    else:
-        weights = dense_layer_weights(model, roles.size("model")) * cd
-        saved = layer_bytes(model, train, sh, roles, tile, kernel, saved=True)
-        activations = model.num_layers * saved
-        regather = traits.regathers_attention_weights
-        work = partial(working_bytes, model, train, sh, roles, tile, kernel, regather=regather)
-        whole = not (per_sublayer and traits.sublayer_weights)
-        layer = 3 * weights * whole + work(per_sublayer=per_sublayer, sublayer_weights=not whole)
+    saved = partial(layer_bytes, model, train, sh, roles, tile, kernel, saved=True)
+    L, moe = model.num_layers, model.num_moe_layers
+    dense = L - moe
+    activations = dense * saved() + moe * saved(moe=True) if model.num_experts else L * saved()
+    layer = layer_term(model, train, roles, device)
     if traits.fuses_unlooped_gradients and model.num_layers == 1 == train.microbatches:
         terms["gradients"] = 0  # no layer loop: each gradient fused into its update
     return terms | {
@@ -95,7 +89,25 @@ def _quantized(model: ModelSpec, train: TrainSpec, roles: Roles) -> dict[str, in
     return {"quantized": max(q.forward + q.widest for q in kinds)}
 
 
-def _moe_layers(
+@plain_cache(maxsize=65536)
+def layer_term(model: ModelSpec, train: TrainSpec, roles: Roles, device: DeviceFacts) -> int:
+    """memory_terms's "layer": one layer's weights gathered and its backward pass's working
+    set, of the larger kind of layer (a pipeline stage's step reads it alone)."""
+    tile, kernel = device.tile, attention_kernel(train.attention, device.platform)
+    sh, traits = Shapes.of(model, train, roles), device.traits
+    cd = dtype_bytes(train.compute_dtype)
+    if model.num_experts:
+        experts_held = 1 + (not traits.sublayer_weights)  # GPU: their gradients beside them
+        return _moe_layer(model, train, sh, roles, tile, kernel, experts_held)
+    per_sublayer = counted_per_sublayer(train, traits, roles.size("model"))
+    weights = dense_layer_weights(model, roles.size("model")) * cd
+    regather = traits.regathers_attention_weights
+    work = partial(working_bytes, model, train, sh, roles, tile, kernel, regather=regather)
+    whole = not (per_sublayer and traits.sublayer_weights)
+    return 3 * weights * whole + work(per_sublayer=per_sublayer, sublayer_weights=not whole)
+
+
+def _moe_layer(
     model: ModelSpec,
     train: TrainSpec,
     sh: Shapes,
@@ -103,29 +115,28 @@ def _moe_layers(
     tile: tuple[int, int] | None,
     kernel: str,
     experts_held: int,
-) -> tuple[int, int]:
-    """A model with MoE layers: (what its dense and MoE layers save, the larger of the two
-    kinds' layer-loop terms: one layer's weights gathered and its backward pass's working set).
-    A dense layer's weights count three times (see memory_terms); a MoE layer's attention,
-    router and shared experts twice: the compiler prefetches no next layer's past the block's
-    shard_map, so its backward pass holds them and their gradient before it is reduced. Its
-    routed experts, as cost/parts/moe.py gathers them, count `experts_held` times: on TPU once, each
-    matrix's gradient leaving as the backward produces it (the compiled v5p-16 steps of
-    benchmarks/bench_cost.py's MoE cases, and DeepSeek-V3 at full width on v5p-1024, where the
-    22.5 GB of experts gathered counted twice overstate libtpu's assignment by half:
+) -> int:
+    """A model with MoE layers: the larger of its two kinds' layer-loop terms, one layer's
+    weights gathered and its backward pass's working set. A dense layer's weights count three
+    times (see memory_terms); a MoE layer's attention, router and shared experts twice: the
+    compiler prefetches no next layer's past the block's shard_map, so its backward pass holds
+    them and their gradient before it is reduced. Its routed experts, as cost/parts/moe.py
+    gathers them, count `experts_held` times: on TPU once, each matrix's gradient leaving as
+    the backward produces it (the compiled v5p-16 steps of benchmarks/bench_cost.py's MoE
+    cases, and DeepSeek-V3 at full width on v5p-1024, where the 22.5 GB of experts gathered
+    counted twice overstate libtpu's assignment by half:
     docs/notes/2026-11-26-deepseek-v3-latent-attention.md); on GPU twice, the three gradients
     whole beside the three gathered matrices at the backward pass's peak (XLA's heap, Mixtral
     8x7B over fsdp 8 compiled for H200s)."""
     cd = dtype_bytes(train.compute_dtype)
-    dense, moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
-    saved = partial(layer_bytes, model, train, sh, roles, tile, kernel, saved=True)
+    dense = model.num_layers - model.num_moe_layers
     work = partial(working_bytes, model, train, sh, roles, tile, kernel)
     shared, experts = moe_layer_weights(model, roles)
     layer = (2 * shared + experts_held * experts) * cd + work(moe=True)
     if dense:
         weights = dense_layer_weights(model, roles.size("model")) * cd
         layer = max(layer, 3 * weights + work())
-    return dense * saved() + moe * saved(moe=True), layer
+    return layer
 
 
 def _expert_stacks(model: ModelSpec, roles: Roles, param_dtype: str) -> int:
@@ -248,8 +259,8 @@ TERMS: dict[str, tuple[str, ...]] = {
 
 def phases(terms: dict[str, int]) -> tuple[dict[str, int], set[str]]:
     """Each phase's total, and the terms live in the largest (`TERMS` says where each is live)."""
-    undeclared = sorted(set(terms) - set(TERMS))
-    if undeclared:
+    if not terms.keys() <= TERMS.keys():
+        undeclared = sorted(set(terms) - set(TERMS))
         raise LookupError(f"memory terms {undeclared} are declared in no phase (memory/terms.py)")
     totals = dict.fromkeys(WHOLE_STEP, 0)
     for name, nbytes in terms.items():

@@ -9,6 +9,7 @@ from functools import lru_cache
 
 from ...workload.layout import Logical, Roles, param_shapes
 from ...workload.spec import ModelSpec, TrainSpec
+from ...workload.zero import optimizer_axes
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,14 @@ def optimizer_bytes(
 ) -> int:
     """Bytes of one device's shard of one of Adam's moments under ZeRO-1
     (TrainSpec.optimizer_over_data): each parameter's shard cut over the data-parallel axes
-    too, where a dim divides (`Roles.optimizer_axes`)."""
-    sizes = dict(roles.sizes)
+    too, where a dim divides (`zero.optimizer_axes`)."""
+    sizes, data = dict(roles.sizes), roles.data_parallel_axes()
     return sum(
-        stored(cut(shape, roles.optimizer_axes(shape, logical), sizes), nbytes, tile)
+        stored(
+            cut(shape, optimizer_axes(roles.mesh_axes(logical), shape, sizes, data), sizes),
+            nbytes,
+            tile,
+        )
         for shape, logical in _params(model)
     )
 

@@ -21,13 +21,14 @@ from ...errors import MeshConfigError
 from ...workload.layout import Roles, param_shapes, stages_of
 from ...workload.spec import ModelSpec, TrainSpec
 from ...workload.stages import STAGED, Stages, staged_shapes
+from ...workload.zero import optimizer_axes
 from ..parts.shapes import cut, stored
 
 
 def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     """The step's stages on these roles (None without a pipeline axis larger than 1); a
     MeshConfigError for what the cost model does not price beside a pipeline yet."""
-    st = stages_of(model, train, r)
+    st = stages_on(model, train, r)
     if st is None:
         return None
     if "offload" in train.placements.values():
@@ -36,6 +37,14 @@ def pipeline_of(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
             "yet; accepted: tensors kept on the device or recomputed"
         )
     return st
+
+
+@lru_cache(maxsize=16384)
+def stages_on(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
+    """`layout.stages_of`, found once a recipe and mesh (a search asks for each recipe's stages
+    as it prices its memory and its time); its MeshConfigError, uncached, for fields that do
+    not fit."""
+    return stages_of(model, train, r)
 
 
 @lru_cache(maxsize=4096)
@@ -66,7 +75,6 @@ def moe_stages(st: Stages) -> int:
     return int(st.stack == "moe_layers")
 
 
-@lru_cache(maxsize=4096)
 def shard_elements(
     model: ModelSpec,
     st: Stages,
@@ -80,11 +88,50 @@ def shard_elements(
     """Bytes of one device's parameters in the stage layout (`stages.staged_shapes`: the
     pipelined layers' stage dim over the pipeline axis), stored in `nbytes`-byte words;
     `staged` True: only the pipelined weights, False: only the rest; `optimizer` True: as
-    ZeRO-1 cuts one of Adam's moments (`Roles.optimizer_axes`)."""
-    total, sizes = 0, dict(r.sizes)
+    ZeRO-1 cuts one of Adam's moments (`zero.optimizer_axes`). Found once per layout
+    (`layout`): the recipe's pipeline micro-batches and checkpoints do not change it."""
+    return _shard_elements(model, layout(st), r, nbytes, tile, staged, optimizer)
+
+
+@lru_cache(maxsize=4096)
+def layout(st: Stages) -> Stages:
+    """`st` with only what places the parameters (stages, repeats, the pipelined layers and
+    those before them, `staged_shapes`'s reads): the micro-batches, checkpoints and schedule
+    at fixed values, so that every recipe on one layout shares its parameters' bytes."""
+    return replace(st, microbatches=st.stages, remat="layer", schedule="gpipe")
+
+
+@lru_cache(maxsize=4096)
+def _shard_elements(
+    model: ModelSpec,
+    st: Stages,
+    r: Roles,
+    nbytes: int,
+    tile: tuple[int, int] | None,
+    staged: bool | None,
+    optimizer: bool,
+) -> int:
+    """`shard_elements` on a layout."""
+    return sum(
+        stored(part, nbytes, tile)
+        for name, part in _cuts(model, st, r, optimizer)
+        if staged is None or name.startswith(STAGED) == staged
+    )
+
+
+@lru_cache(maxsize=1024)
+def _cuts(
+    model: ModelSpec, st: Stages, r: Roles, optimizer: bool
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Each parameter of the stage layout `st` and its shape on one device (every word size
+    and part of the parameters summed from these); `optimizer`: an Adam moment's under
+    ZeRO-1."""
+    sizes, out = dict(r.sizes), []
     for name, (shape, logical) in staged_shapes(param_shapes(model), st).items():
-        if staged is not None and name.startswith(STAGED) != staged:
-            continue
-        entries = r.optimizer_axes(shape, logical) if optimizer else r.mesh_axes(logical)
-        total += stored(cut(shape, entries, sizes), nbytes, tile)
-    return total
+        entries = (
+            optimizer_axes(r.mesh_axes(logical), shape, sizes, r.data_parallel_axes())
+            if optimizer
+            else r.mesh_axes(logical)
+        )
+        out.append((name, cut(shape, entries, sizes)))
+    return tuple(out)

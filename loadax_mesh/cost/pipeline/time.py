@@ -5,7 +5,8 @@ functions with a layer-pass count."""
 
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import replace
+from functools import lru_cache, partial
 
 from ...hardware.profile import DeviceFacts
 from ...hardware.traits import attention_kernel
@@ -13,6 +14,7 @@ from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec
 from ...workload.stages import Stages
 from ..memory.layer import layer_bytes
+from ..parts.cache import without_pipeline
 from ..parts.flops import layer_flops, step_flops
 from ..parts.shapes import Shapes, shard_bytes
 from ..timing.memory_bound import update_bytes
@@ -69,13 +71,11 @@ def pipeline_time(
     def price(
         train: TrainSpec, roles: Roles, runs: float, moe: float, kept: float = 0.0
     ) -> StepTime:
-        return step_time(model, train, roles, facts, efficiency=efficiency, intensity=intensity,
-                         hidden=0.0, exposed=0.0, across_granules=0.0, offload_bytes=0.0,
-                         kept_bytes=kept, permute_share=permute_share, layer_runs=runs,
-                         moe_runs=moe)  # fmt: skip
+        return _work(model, _timed(train), roles, facts, efficiency, intensity, permute_share,
+                     runs, moe, kept)  # fmt: skip
 
     sh = Shapes.of(model, train, rd)
-    lead_kept = st.lead_dense * saved(train, sh, rd)
+    lead_kept = st.lead_dense and st.lead_dense * saved(train, sh, rd)
     lead_kept += st.lead_moe and st.lead_moe * saved(train, sh, rd, moe=True)
     outer = price(train, rd, lead, st.lead_moe, lead_kept)
     passes, moe = stage_passes(st), bool(moe_stages(st))
@@ -93,3 +93,32 @@ def pipeline_time(
     # a stage's layer terms alone are the stage priced less the same step with no layer passes
     work = outer.work + stage.work - bare.work + Compute(0.0, 0.0, update, 0.0)
     return StepTime.of(work, collectives)
+
+
+@lru_cache(maxsize=8192)
+def _timed(train: TrainSpec) -> TrainSpec:
+    """`train` with only what step_time reads: no pipeline field (`without_pipeline`), and of
+    the logits chunks only whether there are several (timing/matmuls.py, memory_bound.py)."""
+    return replace(without_pipeline(train), logits_chunks=min(train.logits_chunks, 2))
+
+
+@lru_cache(maxsize=16384, typed=True)
+def _work(
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    facts: DeviceFacts,
+    efficiency: float,
+    intensity: float | None,
+    permute_share: float | None,
+    runs: float,
+    moe: float,
+    kept: float,
+) -> StepTime:
+    """step_time with no collectives or offload and `runs` layer passes (`moe` of them MoE
+    layers'), found once for every pipeline and logits-chunk count searched with a recipe:
+    `train` comes with only what step_time reads (`_timed`)."""
+    return step_time(model, train, roles, facts, efficiency=efficiency, intensity=intensity,
+                     hidden=0.0, exposed=0.0, across_granules=0.0, offload_bytes=0.0,
+                     kept_bytes=kept, permute_share=permute_share, layer_runs=runs,
+                     moe_runs=moe)  # fmt: skip

@@ -189,7 +189,7 @@ def _between_stages(
 
 def _run(found: list[Collective], where: str = "") -> list[Collective]:
     """The collectives of `found` that run, each said to run `where`."""
-    return [replace(c, what=c.what + where) for c in found if c.count]
+    return [replace(c, what=c.what + where) if where else c for c in found if c.count]
 
 
 def pipeline_axis(

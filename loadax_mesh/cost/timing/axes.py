@@ -49,11 +49,16 @@ def axis_traffic(
         roles.model: "tensor",
         roles.seq: "sequence",
     }
+    by_axis: dict[str, list[Collective]] = {axis: [] for axis, _ in roles.sizes}
+    for c in found:
+        if c.axis in by_axis:
+            by_axis[c.axis].append(c)
     out = {}
     for axis, _ in roles.sizes:
         ici, dcn = factors[axis]
         kind = role.get(axis, "data" if axis in roles.batch else "none")
-        out[axis] = axis_total(found, axis, kind, ici, dcn, efficiency.get(axis, 1.0), facts)
+        mine = by_axis[axis]
+        out[axis] = axis_total(mine, axis, kind, ici, dcn, efficiency.get(axis, 1.0), facts)
     return out
 
 
