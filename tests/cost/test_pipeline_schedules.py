@@ -51,3 +51,15 @@ def test_more_micro_batches_cost_gpipe_memory_and_1f1b_none():
     one_few, one_many = (_estimate("1f1b", micro=m, batch=1024) for m in (16, 64))
     assert many.terms["activations"] > 0.85 * few.terms["activations"]
     assert one_many.terms["activations"] < 0.4 * one_few.terms["activations"]
+
+
+def test_the_chooser_keeps_the_schedule_it_is_given():
+    """The schedule is the user's (or a recipe's), not searched: its step is GPipe's."""
+    from loadax_mesh.cost import choose_mesh
+
+    for schedule in ("gpipe", "1f1b"):
+        train = TrainSpec(global_batch=256, pipeline_schedule=schedule)
+        ranking = choose_mesh(HW, MODEL, train, axes=("pipeline", "fsdp"))
+        staged = [c for c in ranking if c.estimate.pipeline is not None]
+        assert staged, [c.plan.shape for c in ranking]
+        assert all(c.estimate.pipeline.schedule == schedule for c in staged)

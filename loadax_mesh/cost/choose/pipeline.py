@@ -5,11 +5,13 @@ with.
 A mesh whose pipeline axis holds S > 1 stages is searched as cost/pipeline/stages.py prices it:
 dense and MoE layers over pipeline, fsdp, data, tensor, sequence and expert axes. Its recipes
 are every searched recipe times the pipeline's micro-batches M in (S, 2S, 4S) and repeats R in
-(1, 2) (GPipe, and the circular schedule of two chunks a stage), each field a recipe pins kept
-as pinned; the counts that do not divide the batch or the layers are dropped by the recipe
-search (cost/choose/recipes.py). Fewer micro-batches and repeats come first: among equal steps the
-search keeps the earlier recipe. On a mesh without a pipeline the pipeline fields are dropped
-(the step reads them only beside a pipeline axis larger than 1).
+(1, 2), each field a recipe pins kept as pinned; the schedule is the train's (GPipe unless the
+user asks for 1F1B) or the recipe's, not searched (its step is GPipe's: it changes the memory
+only, and searching both doubles the pipelined search). The counts that do not divide the
+batch or the layers are dropped by the recipe search (cost/choose/recipes.py). Fewer
+micro-batches and repeats come first: among equal steps the search keeps the earlier recipe.
+On a mesh without a pipeline the pipeline fields are dropped (the step reads them only beside
+a pipeline axis larger than 1).
 
 Searched by default (`dcn_pipelines`) on hardware of several granules: a pipeline axis
 wholly across granules, ahead of the search's own axes.

@@ -17,7 +17,7 @@ from typing import Any
 from ...errors import MeshConfigError
 from ...hardware.profile import DeviceFacts
 from ...workload.layout import Roles, check_fit
-from ...workload.spec import MOE, ModelSpec, MoePath, TrainSpec
+from ...workload.spec import MOE, ModelSpec, MoePath, PipelineSchedule, TrainSpec
 from ..band import memory_band
 from ..memory.terms import host_bytes, memory_floor, memory_terms, phases
 from ..pipeline.memory import pipeline_memory_floor, pipeline_memory_terms
@@ -30,10 +30,11 @@ from ..pipeline.stages import stages_on
 # wide to offload).
 RECIPE_FIELDS = (
     "remat", "microbatches", "logits_chunks", "moe", "pipeline_microbatches", "pipeline_repeats",
+    "pipeline_schedule",
 )  # fmt: skip
 # The pipeline's fields, searched only on a mesh whose pipeline axis is larger than 1
 # (cost/choose/pipeline.py)
-PIPELINE_FIELDS = ("pipeline_microbatches", "pipeline_repeats")
+PIPELINE_FIELDS = ("pipeline_microbatches", "pipeline_repeats", "pipeline_schedule")
 # A MoE model's two paths (TrainSpec.moe): every token copy computed, or at most
 # capacity_factor x the even share per expert (the rest dropped)
 MOE_PATHS = MOE
@@ -44,7 +45,7 @@ REMATS: tuple[str | dict[str, str], ...] = (
 )  # fmt: skip
 LOGITS_CHUNKS = (1, 4, 16)
 Remat = str | tuple[tuple[str, str], ...]  # a remat as TrainSpec takes it, hashable
-Pipe = tuple[int, int]  # a pipeline's (micro-batches, repeats)
+Pipe = tuple[int, int, PipelineSchedule]  # a pipeline's (micro-batches, repeats, schedule)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ def recipe_space(
                 pipe = (
                     fixed.get("pipeline_microbatches", train.pipeline_microbatches),
                     fixed.get("pipeline_repeats", train.pipeline_repeats),
+                    fixed.get("pipeline_schedule", train.pipeline_schedule),
                 )
                 yield fixed.get("moe", train.moe), _hashable(remat), c, micros, pipe
 
@@ -97,7 +99,7 @@ def recipe_spec(train: TrainSpec, path: MoePath, remat: Remat, m: int, pipe: Pip
 
 def with_chunks(train: TrainSpec, chunks: int) -> TrainSpec:
     """`train` at `chunks` logits chunks, built once (as `recipe_spec`)."""
-    pipe = (train.pipeline_microbatches, train.pipeline_repeats)
+    pipe = (train.pipeline_microbatches, train.pipeline_repeats, train.pipeline_schedule)
     kind = type(train.capacity_factor).__name__
     return _spec(train, kind, train.moe, train.remat, train.microbatches, pipe, chunks)
 
@@ -108,10 +110,10 @@ def _spec(
 ) -> TrainSpec:
     """`train` with these recipe fields; `kind`, the type name of its capacity factor, in the key:
     TrainSpecs equal but for an int or float factor give their own."""
-    pm, pr = pipe
+    pm, pr, schedule = pipe
     return replace(
         train, moe=path, remat=remat, microbatches=m, logits_chunks=chunks,
-        pipeline_microbatches=pm, pipeline_repeats=pr,
+        pipeline_microbatches=pm, pipeline_repeats=pr, pipeline_schedule=schedule,
     )  # fmt: skip
 
 
@@ -196,7 +198,7 @@ class MeshRecipes:
             tuple[tuple[MoePath, Remat, int, Pipe], int], tuple[dict[str, int], int]
         ] = {}
 
-    def spec(self, path: MoePath, remat: Remat, m: int, pipe: Pipe = (0, 1)) -> TrainSpec:
+    def spec(self, path: MoePath, remat: Remat, m: int, pipe: Pipe = (0, 1, "gpipe")) -> TrainSpec:
         """The recipe's TrainSpec at one logits chunk."""
         key = (path, remat, m, pipe)
         if key not in self._specs:
@@ -252,7 +254,8 @@ class MeshRecipes:
         """The recipe's terms at `chunks` logits chunks and their peak where it is within
         `limit`, else None (its peak gathered in `least`; none where its offload is over the
         host's)."""
-        key = (t.moe, t.remat, t.microbatches, (t.pipeline_microbatches, t.pipeline_repeats))
+        pipe = (t.pipeline_microbatches, t.pipeline_repeats, t.pipeline_schedule)
+        key = (t.moe, t.remat, t.microbatches, pipe)
         if key not in self._priced:
             over = host_bytes(self.model, t, self.r, self.facts) > self.limits.host
             self._priced[key] = (
