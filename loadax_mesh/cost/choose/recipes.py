@@ -19,7 +19,7 @@ from ...hardware.profile import DeviceFacts
 from ...workload.layout import Roles, check_fit
 from ...workload.spec import MOE, ModelSpec, MoePath, PipelineSchedule, TrainSpec
 from ..band import memory_band
-from ..memory.terms import host_bytes, memory_floor, memory_terms, phases
+from ..memory.terms import TERMS, host_bytes, memory_floor, memory_terms, phases
 from ..pipeline.memory import pipeline_memory_floor, pipeline_memory_terms
 from ..pipeline.stages import stages_on
 
@@ -191,8 +191,11 @@ class MeshRecipes:
         self._specs: dict[tuple[MoePath, Remat, int, Pipe], TrainSpec] = {}
         self._staged: dict[tuple[int, Pipe], bool] = {}  # (M, pipe) -> the pipeline takes it
         self._chunks: dict[int, bool] = {}  # whether C chunks divide a device's tokens
-        # (path, remat, M, pipe) -> terms at C = 1 (None: over the host memory's limit)
-        self._priced: dict[tuple[MoePath, Remat, int, Pipe], dict[str, int] | None] = {}
+        # (path, remat, M, pipe) -> terms at C = 1 and each phase's total (None: over the host
+        # memory's limit)
+        self._priced: dict[
+            tuple[MoePath, Remat, int, Pipe], tuple[dict[str, int], dict[str, int]] | None
+        ] = {}
         # ... and at C chunks: (terms, peak)
         self._peaks: dict[
             tuple[tuple[MoePath, Remat, int, Pipe], int], tuple[dict[str, int], int]
@@ -258,15 +261,18 @@ class MeshRecipes:
         key = (t.moe, t.remat, t.microbatches, pipe)
         if key not in self._priced:
             over = host_bytes(self.model, t, self.r, self.facts) > self.limits.host
-            self._priced[key] = (
-                None if over else terms_of(self.model, t, self.r, self.facts, self.across)
-            )
-        base = self._priced[key]
-        if base is None:
+            base = None if over else terms_of(self.model, t, self.r, self.facts, self.across)
+            self._priced[key] = None if base is None else (base, phases(base)[0])
+        priced = self._priced[key]
+        if priced is None:
             return None
         if (key, chunks) not in self._peaks:
-            terms = base | {"logits": -(-base["logits"] // chunks)}
-            self._peaks[key, chunks] = terms, sum(terms[k] for k in phases(terms)[1])
+            base, totals = priced
+            logits = -(-base["logits"] // chunks)
+            # the peak is the largest phase's total: only the logits' phases change with C
+            changed = logits - base["logits"]
+            peak = max(v + changed * (p in TERMS["logits"]) for p, v in totals.items())
+            self._peaks[key, chunks] = base | {"logits": logits}, peak
         terms, peak = self._peaks[key, chunks]
         if peak > limit:
             self.least.append(peak)
