@@ -193,6 +193,8 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
         p, a = e.pipeline, e.axes.get(e.pipeline.axis)
         moved = "" if a is None else f"; {size_text(a.bytes)} a step over the pipeline axis"
         block = ", one checkpoint an iteration" * (p.remat == "iteration")
+        if p.schedule == "1f1b":
+            block += ", 1F1B" if p.repeats == 1 else ", interleaved 1F1B"
         lines.append(
             f"pipeline   {p.stages} stages x {p.repeats} repeat{'s' * (p.repeats > 1)} of "
             f"{p.per_chunk} layer{'s' * (p.per_chunk > 1)} ({p.layers} pipelined), "
