@@ -6,7 +6,7 @@ A mesh whose pipeline axis holds S > 1 stages is searched as cost/pipeline/stage
 dense and MoE layers over pipeline, fsdp, data, tensor, sequence and expert axes. Its recipes
 are every searched recipe times the pipeline's micro-batches M in (S, 2S, 4S) and repeats R in
 (1, 2), each field a recipe pins kept as pinned; the schedule is the train's (GPipe unless the
-user asks for 1F1B) or the recipe's, not searched (its step is GPipe's: it changes the memory
+user asks for 1F1B), not searched (its step is GPipe's: it changes the memory
 only, and searching both doubles the pipelined search). The counts that do not divide the
 batch or the layers are dropped by the recipe search (cost/choose/recipes.py). Fewer
 micro-batches and repeats come first: among equal steps the search keeps the earlier recipe.

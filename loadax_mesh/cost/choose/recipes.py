@@ -30,11 +30,10 @@ from ..pipeline.stages import stages_on
 # wide to offload).
 RECIPE_FIELDS = (
     "remat", "microbatches", "logits_chunks", "moe", "pipeline_microbatches", "pipeline_repeats",
-    "pipeline_schedule",
 )  # fmt: skip
 # The pipeline's fields, searched only on a mesh whose pipeline axis is larger than 1
 # (cost/choose/pipeline.py)
-PIPELINE_FIELDS = ("pipeline_microbatches", "pipeline_repeats", "pipeline_schedule")
+PIPELINE_FIELDS = ("pipeline_microbatches", "pipeline_repeats")
 # A MoE model's two paths (TrainSpec.moe): every token copy computed, or at most
 # capacity_factor x the even share per expert (the rest dropped)
 MOE_PATHS = MOE
@@ -78,7 +77,7 @@ def recipe_space(
                 pipe = (
                     fixed.get("pipeline_microbatches", train.pipeline_microbatches),
                     fixed.get("pipeline_repeats", train.pipeline_repeats),
-                    fixed.get("pipeline_schedule", train.pipeline_schedule),
+                    train.pipeline_schedule,  # the user's: not searched (choose/pipeline.py)
                 )
                 yield fixed.get("moe", train.moe), _hashable(remat), c, micros, pipe
 
