@@ -82,7 +82,7 @@ def pipeline_memory_terms(
         return terms
     item = stored((stage_sh.micro_rows, stage_sh.seq, hidden), cd, tile)  # a stage input
     head = memory_terms(model, ts, r, device)["logits"]  # the head's, on a stage's micro-batch
-    weights = (held["stage weights"] // (cd + 4) * cd, held["staged float32"])
+    weights = (held["chunk weights"], held["staged float32"])
     return terms | _one_f_one_b(st, terms, head, item, kept - kept_stage, weights)
 
 
@@ -178,7 +178,9 @@ def _arguments(
         # buffer assignments of bench_cost's pipelined cases:
         # docs/notes/2026-11-29-pipeline-stages-priced.md).
         "stage weights": chunk(cd) + chunk(4),
-        "staged float32": shard(4, staged=True),  # 1F1B's gradient sum of all its chunks
+        # 1F1B's: a chunk of weights in the compute dtype, the gradient sum of all its chunks
+        "chunk weights": chunk(cd),
+        "staged float32": shard(4, staged=True),
         # GPU's second layout of the routed experts: a stage's MoE layers' and the lead ones'
         "expert stacks": stacks * stage_moe // max(model.num_moe_layers, 1),
     }
