@@ -60,7 +60,10 @@ class ModelSpec:
     attention: queries through a rank `q_lora_rank` bottleneck (0: a full-rank projection),
     keys and values through one of rank `kv_lora_rank` (each bottleneck normed);
     `qk_nope_head_dim` + `qk_rope_head_dim` = `head_dim` per query/key head, `v_head_dim` per
-    value head. `num_heads * head_dim` need not equal `d_model`. `parallel_block`: attention and
+    value head. `num_heads * head_dim` need not equal `d_model`. `sliding_window` > 0 makes
+    layers local, each token attending to itself and the `sliding_window` - 1 tokens before it;
+    with `global_every` > 0 every `global_every`-th layer (counting from 1) stays global (Gemma
+    3: 1024 and 6; 0: every layer local). `parallel_block`: attention and
     the MLP both read one RMSNorm of the layer's input and their outputs are added to the
     residual together (GPT-J's and PaLM's layer, MaxText's of 2023); otherwise each sublayer
     has its own norm and adds to the residual in turn.
@@ -100,6 +103,8 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     parallel_block: bool = False
+    sliding_window: int = 0
+    global_every: int = 0
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}"
@@ -130,6 +135,14 @@ class ModelSpec:
                 )
         self._check_experts(where)
         self._check_mla(where)
+        self._check_window(where)
+
+    def _check_window(self, where: str) -> None:
+        if not self.sliding_window and self.global_every:
+            raise MeshConfigError(
+                f"{where}: global_every={self.global_every} with sliding_window=0 (every layer "
+                "global); accepted: 0, or a sliding_window > 0"
+            )
 
     def _check_experts(self, where: str) -> None:
         if not self.num_experts:
@@ -188,6 +201,19 @@ class ModelSpec:
                 f"{where}: num_kv_heads={self.num_kv_heads} with attention='mla'; accepted: "
                 f"num_heads={self.num_heads} (latent attention expands keys and values per head)"
             )
+
+    def window(self, layer: int) -> int:
+        """The window layer `layer` (from 0) attends over: `sliding_window` tokens on a local
+        layer, 0 (its whole causal prefix) on a global one."""
+        if not self.sliding_window:
+            return 0
+        every = self.global_every
+        return 0 if every and (layer + 1) % every == 0 else self.sliding_window
+
+    @property
+    def num_local_layers(self) -> int:
+        """Layers that attend over the last `sliding_window` tokens only (0 without a window)."""
+        return sum(1 for i in range(self.num_layers) if self.window(i))
 
     @property
     def attention_params(self) -> int:

@@ -65,6 +65,9 @@ PIPELINE_REMAT: tuple[str, ...] = get_args(PipelineRemat)
 # The order a pipeline's stages run their micro-batches in (TrainSpec.pipeline_schedule).
 PipelineSchedule = Literal["gpipe", "1f1b"]
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+# How attention runs over the `seq` axis (TrainSpec.context_strategy).
+ContextStrategy = Literal["all_gather", "ring"]
+CONTEXT_STRATEGIES: tuple[str, ...] = get_args(ContextStrategy)
 # The precision of the step's matmuls (TrainSpec.quantization).
 Quantization = Literal["none", "fp8", "int8"]
 QUANTIZATION: tuple[str, ...] = get_args(Quantization)
@@ -171,6 +174,16 @@ class TrainSpec:
     accumulation; "int8" with int8 operands (gradients too) and such scales, int32
     accumulation. Attention, the router and the head stay in `compute_dtype`, and so do the
     dropless experts on GPU (tokamax's kernels take no low-precision activations)."""
+    context_strategy: ContextStrategy = "all_gather"
+    """On a mesh with a `seq` axis (context parallelism), how attention reaches the keys and
+    values of the other shards, "all_gather" or "ring". "all_gather" gathers them over `seq`
+    each layer (their gradients reduce-scattered); "ring" passes key/value blocks round `seq`
+    by collective-permute, each hop overlapped with the attention of the block in hand."""
+    context_load_balance: bool = True
+    """On a mesh with a `seq` axis, whether the sequence is cut into 2 x seq chunks, device i
+    holding chunks i and 2 seq - 1 - i so that causal attention's work is even (MaxText's
+    dual-chunk-swap, torchtitan's head-tail); False: contiguous chunks, the last shard doing
+    the most work; True or False."""
     learning_rate: float = 1e-3
     """Adam's step size (bias-corrected); a positive float. The cost model does not read it."""
     microbatches: int = 1
@@ -253,15 +266,15 @@ class TrainSpec:
             ("pipeline_remat", PIPELINE_REMAT),
             ("pipeline_schedule", PIPELINE_SCHEDULES),
             ("quantization", QUANTIZATION),
+            ("context_strategy", CONTEXT_STRATEGIES),
         ):
             if getattr(self, name) not in accepted:
                 raise MeshConfigError(
                     f"{name}={getattr(self, name)!r}; accepted: {', '.join(accepted)}"
                 )
-        if type(self.optimizer_over_data) is not bool:
-            raise MeshConfigError(
-                f"optimizer_over_data={self.optimizer_over_data!r}; accepted: True or False"
-            )
+        for flag in ("optimizer_over_data", "context_load_balance"):
+            if type(getattr(self, flag)) is not bool:
+                raise MeshConfigError(f"{flag}={getattr(self, flag)!r}; accepted: True or False")
         factor = self.capacity_factor
         if type(factor) not in (int, float) or not 0 < factor < math.inf:
             raise MeshConfigError(

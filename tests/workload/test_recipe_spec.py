@@ -9,6 +9,7 @@ import pytest
 from loadax_mesh import MeshConfigError, TrainSpec
 from loadax_mesh.workload.spec import (
     ATTENTION,
+    CONTEXT_STRATEGIES,
     DTYPES,
     MOE,
     PIPELINE_REMAT,
@@ -72,6 +73,8 @@ def test_the_command_line_form() -> None:
         ({"logits_chunks": 0}, "logits_chunks=0; accepted: a positive integer"),
         ({"logits_chunks": True}, "logits_chunks=True"),
         ({"optimizer_over_data": 1}, "optimizer_over_data=1; accepted: True or False"),
+        ({"context_load_balance": 0}, "context_load_balance=0; accepted: True or False"),
+        ({"context_strategy": "ulysses"}, "context_strategy='ulysses'; accepted: all_gather, ring"),
     ],
 )
 def test_bad_recipe_fields(kwargs: dict, message: str) -> None:
@@ -91,6 +94,7 @@ def test_every_choice_field_is_typed_with_its_choices_and_every_field_documented
         "pipeline_remat": PIPELINE_REMAT,
         "pipeline_schedule": PIPELINE_SCHEDULES,
         "quantization": QUANTIZATION,
+        "context_strategy": CONTEXT_STRATEGIES,
     }
     literal = {f.name for f in fields(TrainSpec) if get_origin(hints[f.name]) is Literal}
     assert literal == set(choices)
