@@ -1,6 +1,7 @@
 """The step's attention seconds on one device. The fused kernels (TPU: jax's splash kernels;
-GPU: cuDNN's) are priced by their FLOPs over the causal query-key pairs at the kernel's rate,
-or their operands' bytes where that is longer; the forward runs again in every checkpointed
+GPU: cuDNN's) are priced by their FLOPs over the query-key pairs the mask keeps on the busiest
+shard of the sequence (parts/context.py: windows, load balance) at the kernel's rate, or their
+operands' bytes where that is longer; the forward runs again in every checkpointed
 layer, its output kept or not (parts/saved.py `runs_again`). Plain attention
 (`TrainSpec.attention`, parts/plain_attention.py) computes the whole square: its matmuls
 priced as a projection is, its softmax and the softmax's gradient memory-bound over the
@@ -14,6 +15,7 @@ from ...hardware.profile import DeviceFacts
 from ...hardware.traits import attention_kernel
 from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec
+from ..parts.context import mean_pairs
 from ..parts.plain_attention import Pass, plain_attention
 from .device import Device, whole
 
@@ -50,8 +52,9 @@ def attention(
     if attention_kernel(train.attention, facts.platform) == "plain":
         return _plain(model, train, roles, d, widths, kernel_bytes)
     fwd_pair, bwd_pair = _PER_PAIR.get(facts.traits.fused_attention, _PER_PAIR["cudnn"])
-    # causal query-key pairs of a micro-batch's rows on this device's share of the sequence
-    pairs = d.rows // d.micro * _causal_pairs(model.seq_len) / roles.size("seq")
+    # the query-key pairs a micro-batch's rows keep on the busiest shard of the sequence
+    balanced = train.context_load_balance
+    pairs = d.rows // d.micro * mean_pairs(model, roles.size("seq"), balanced=balanced)
 
     def kernel(per_pair: tuple[int, int]) -> float:
         """One pass of the flash kernel: its FLOPs over the pairs, or its operands' bytes."""
@@ -89,8 +92,3 @@ def _plain(
     return Attention(
         d.layers * sum(m for m, _ in each), forward, sum(e for _, e in each), softmax_forward
     )
-
-
-def _causal_pairs(seq: int) -> float:
-    """Query-key pairs a causal mask keeps: query i sees keys 0..i."""
-    return seq * (seq + 1) / 2
