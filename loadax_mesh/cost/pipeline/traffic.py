@@ -5,10 +5,11 @@ FSDP gathers a stage's layer weights every iteration, forward and backward, and 
 gradients every iteration, plus the lead layers' and the tables' as a plain step. The tensor
 and sequence axes carry a plain layer's activation collectives on each of a stage's layer
 passes (a pipeline micro-batch's rows each), and the lead layers' and the head's on the rows of
-the step's layout; the sequence axis shards the weights as FSDP does. The pipeline axis carries the stage-to-stage activations (exposed:
-on the schedule's critical path), the micro-batches gathered to every stage and their
-gradients summed, the last stage's results taken back to the step's layout, the lookup's
-gradient rows, and the gradients of what it replicates.
+the step's layout; the sequence axis shards the weights as FSDP does. The pipeline axis
+carries the stage-to-stage activations (exposed: on the schedule's critical path), the
+micro-batches gathered to every stage and their gradients summed, the last stage's results
+taken back to the step's layout, the lookup's gradient rows, and the gradients of what it
+replicates.
 """
 
 from __future__ import annotations
