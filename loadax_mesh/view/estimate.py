@@ -50,7 +50,8 @@ def ranking_text(ranking: RankingView) -> str:
                 f"{e.remat} x{e.microbatches}"
                 + (f" /{e.logits_chunks}" * (e.logits_chunks > 1))
                 + (f" {e.moe}" if e.moe else "")
-                + _stages(e),
+                + _stages(e)
+                + _context(e).replace(", context", ""),
                 f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB"
                 + (" (?)" if c.beyond_headroom else " (~)" * (e.verdict == UNSURE)),
                 f"{e.host_bytes / 1e9:.1f} GB" if e.host_bytes else "-",
@@ -151,6 +152,16 @@ def ranking_data(ranking: RankingView) -> dict[str, Any]:
     }
 
 
+def _context(e: Estimate) -> str:
+    """ ", context ring" (and ", unbalanced") where the mesh has a sequence axis, else
+    nothing: how attention crosses it (TrainSpec.context_strategy)."""
+    split = any(t.role == "sequence" and e.mesh[a] > 1 for a, t in e.axes.items())
+    if e.train is None or not split:
+        return ""
+    t = e.train
+    return f", context {t.context_strategy}" + ", unbalanced" * (not t.context_load_balance)
+
+
 def _precision(e: Estimate) -> str:
     """ ", quantization fp8" where the recipe priced low-precision matmuls, else nothing."""
     q = "none" if e.train is None else e.train.quantization
@@ -168,7 +179,7 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
     lines = [
         f"estimate   {e.model}, global batch {e.global_batch} on {e.hardware}",
         f"recipe     remat {e.remat}, microbatches {e.microbatches}, logits chunks "
-        f"{e.logits_chunks}" + (f", moe {e.moe}" if e.moe else "") + _precision(e),
+        f"{e.logits_chunks}" + (f", moe {e.moe}" if e.moe else "") + _precision(e) + _context(e),
         f"mesh       {mesh}",
         *(f"given      {k} = {v} ({GIVEN})" for k, v in e.given.items()),
         *(f"note       {n}" for n in notes),
