@@ -3,6 +3,7 @@ and the ranking `choose_mesh` gives (`plan --strategy auto`, printed before the 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from ..cost.band import DOES_NOT_FIT, FITS, UNSURE, memory_band
@@ -86,6 +87,8 @@ def ranking_text(ranking: RankingView) -> str:
             f"(~) {', '.join(unsure)}. memory within the model's error{error} so the compiled "
             "step may not fit: compile to confirm"
         )
+    if len(ranking) and (why := _why_sequence(ranking[0])):
+        marks.append(why)
     if len(ranking) and ranking.numerics:
         step = ranking[0].estimate.step_seconds
         priced = ", ".join(f"{what} {s:.3f} s ({step / s:.2f}x)" for what, s in ranking.numerics)
@@ -150,6 +153,23 @@ def ranking_data(ranking: RankingView) -> dict[str, Any]:
             for c in ranking
         ],
     }
+
+
+def _why_sequence(choice: Any) -> str:
+    """Why choice 1 cuts the sequence, where it does (the search leaves a sequence axis out
+    where whole sequences fit: cost/choose/space.py's WHOLE)."""
+    e, plan = choice.estimate, choice.plan
+    seq = [a for a, t in e.axes.items() if t.role == "sequence" and e.mesh[a] > 1]
+    if not seq or e.train is None:
+        return ""
+    c, batch = e.mesh[seq[0]], math.prod(e.mesh[a] for a in plan.batch_axis_names)
+    slots = batch * c * (e.pipeline.stages if e.pipeline else 1)
+    why = (
+        f"{e.global_batch} sequences do not fill the {slots} sequence slots of the mesh without it"
+        if e.global_batch % slots
+        else "whole sequences fit no mesh without it with any recipe searched"
+    )
+    return f"sequence axis: choice 1 cuts each sequence {c} ways{_context(e)}: {why}"
 
 
 def _context(e: Estimate) -> str:

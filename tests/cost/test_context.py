@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from loadax_mesh import MeshConfig, simulate_devices
+from loadax_mesh import MeshConfig, choose_mesh, simulate_devices
 from loadax_mesh.cost import estimate
 from loadax_mesh.cost.parts.context import imbalance, prefix_pairs, shard_pairs, window_share
+from loadax_mesh.view.estimate import ranking_text
 from loadax_mesh.workload import ModelSpec, TrainSpec
 
 H100 = "gpu-p5.48xlarge-8"
@@ -98,3 +99,21 @@ def test_the_ring_passes_blocks_beside_the_attention() -> None:
     gathered = next(c for c in gather.axes["seq"].collectives if c.what == "keys and values")
     assert permutes[0].bytes * 4 == gathered.bytes
     assert ring.axes["seq"].exposed_seconds < gather.axes["seq"].exposed_seconds
+
+
+def test_choose_mesh_cuts_the_sequence_where_whole_sequences_do_not_fit() -> None:
+    """LLaMA-3 70B at 128k, 64 sequences on 512 TPU7x chips (issue 51): fewer sequences than
+    the batch axes could take, so the winner cuts them, and the ranking says why; both
+    strategies are searched."""
+    model = replace(ModelSpec.from_name("llama3-70b"), seq_len=131072)
+    ranking = choose_mesh("tpu-7x-512", model, TrainSpec(global_batch=64), top=5)
+    best = ranking[0].estimate
+    assert best.mesh["seq"] > 1
+    assert any("sequence axis where whole sequences fit" in why for why in ranking.pruned)
+    text = ranking_text(ranking)
+    assert "sequence axis: choice 1 cuts each sequence" in text
+    assert "64 sequences do not fill" in text
+    # the strategy searched: the winner's beats the other one on the same mesh and recipe
+    other = {"ring": "all_gather", "all_gather": "ring"}[best.train.context_strategy]
+    priced = estimate(ranking[0].plan, model, replace(best.train, context_strategy=other))
+    assert priced.step_seconds >= best.step_seconds
