@@ -195,9 +195,11 @@ def seq_collectives(
     """The sequence axis's attention collectives, per layer pass (`layer_runs`: passes times
     micro-batches), each on a micro-batch's keys and values (again for a recompute that needs
     them), by `TrainSpec.context_strategy`: "all_gather" gathers them whole and
-    reduce-scatters their gradients, the attention waiting on both; "ring" passes each
-    device's block to the next c - 1 times forward and its gradient c - 1 times backward, each
-    hop beside the attention of the block in hand (hidden up to the compute)."""
+    reduce-scatters their gradients, the attention waiting on both; "ring" (workload/ring.py)
+    passes each device's block to the next c - 1 times forward (again where a checkpoint
+    reruns the attention), and backward c - 1 times again with its float32 gradient
+    accumulators c times, each hop beside the attention of the block in hand (hidden up to
+    the compute)."""
     s, c = roles.seq, roles.size("seq")
     if s is None or c == 1 or not layer_runs:
         return []
@@ -207,12 +209,12 @@ def seq_collectives(
     cd = dtype_bytes(train.compute_dtype)
     kv = sh.micro_rows * model.seq_len * sh.kv_heads * (model.head_dim + v_dim) * cd
     if train.context_strategy == "ring":
-        block, hops = kv // c, (c - 1) * layer_runs
+        block, again = kv // c, int(train.remat != "none")
         return [
             Collective(s, "collective-permute", "key and value blocks round the ring", block,
-                       (1 + kv_again) * hops, True),
-            Collective(s, "collective-permute", "key and value gradient blocks", block, hops,
-                       True),
+                       (c - 1) * (2 + again) * layer_runs, True),
+            Collective(s, "collective-permute", "float32 key and value gradient blocks",
+                       block * 4 // cd, c * layer_runs, True),
         ]  # fmt: skip
     return [
         Collective(s, "all-gather", "keys and values", kv, (1 + kv_again) * layer_runs, False),
