@@ -76,7 +76,7 @@ def rows() -> tuple[list[list[str]], dict[str, float]]:
                 f"{ratios[run['id']]:.2f}",
                 mem,
                 e.verdict,
-            ]  # fmt: skip
+            ]
         )
     return out, ratios
 
