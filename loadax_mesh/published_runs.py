@@ -7,7 +7,8 @@ says what its fields mean and where each fact comes from. A file's `[[group]]` t
 fields their runs share and the runs' own (`[[group.run]]`); a table field such as `train`
 merges key by key with the group's. A `source`, `notes` or `missing` string, or an
 `assumptions` entry, that is a key of the file's `[text]` table stands for that text. A fact
-the source does not state is absent. Pure Python (tomllib): the benchmarks and the tests read the runs here, not through sys.path.
+the source does not state is absent. Pure Python (tomllib): the benchmarks and the tests read
+the runs here, not through sys.path.
 """
 
 from __future__ import annotations
