@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, get_args
 
 from ...errors import MeshConfigError
 from ...hardware.profile import DeviceFacts
 from ...workload.layout import Roles, check_fit, roles
-from ...workload.spec import CONTEXT_STRATEGIES, ModelSpec, TrainSpec
+from ...workload.spec import ContextStrategy, ModelSpec, TrainSpec
 from ..calibration import Calibrated
 from ..estimate import Estimate, Priced, across_granules, holds_tables, price
 from .pipeline import pipeline_recipes
@@ -101,7 +101,9 @@ class Search:
         with a sequence axis, under each context strategy (all-gather and ring differ in what
         they hold and what they hide)."""
         here = pipeline_recipes(self.wanted, r)
-        strategies = CONTEXT_STRATEGIES if r.size("seq") > 1 else (train.context_strategy,)
+        strategies: tuple[ContextStrategy, ...] = (
+            get_args(ContextStrategy) if r.size("seq") > 1 else (train.context_strategy,)
+        )
         found: list[Recipe] = []
         least: int | None = None
         for strategy in strategies:
@@ -131,8 +133,8 @@ class Search:
             return False
         key = tuple(folded)
         if key not in self._whole:
-            here = pipeline_recipes(self.wanted, r)
-            fit = fitting_recipes(self.model, train, here, r, self.device, False, self.headroom)
+            wanted = pipeline_recipes(self.wanted, r)
+            fit = fitting_recipes(self.model, train, wanted, r, self.device, False, self.headroom)
             self._whole[key] = bool(fit[0])
         return self._whole[key]
 
