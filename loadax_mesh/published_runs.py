@@ -1,13 +1,14 @@
 """The published training runs the benchmarks price, as data: configs/runs/<name>.toml.
 
 `production` is the dense calibration set (docs/facts/production_runs.md; configs/calibration.toml
-was fitted on it), `moe` the measured mixture-of-experts runs and `pipeline` the measured
-pipeline-parallel runs (docs/facts/moe_runs.md). Each file's head says what its fields mean and
-where each fact comes from. A file's `[[group]]` tables hold the fields their runs share and
-the runs' own (`[[group.run]]`); a table field such as `train` merges key by key with the
-group's. A `source`, `notes` or `missing` string, or an `assumptions` entry, that is a key of
-the file's `[text]` table stands for that text. A fact the source does not state is absent.
-Pure Python (tomllib): the benchmarks and the tests read the runs here, not through sys.path.
+was fitted on it); `moe`, `pipeline` and `long_context` the measured mixture-of-experts,
+pipeline-parallel and long-context (no pipeline) runs (docs/facts/moe_runs.md). Each file's head
+says what its fields mean and where each fact comes from. A file's `[[group]]` tables hold the
+fields their runs share and the runs' own (`[[group.run]]`); a table field such as `train`
+merges key by key with the group's. A `source`, `notes` or `missing` string, or an
+`assumptions` entry, that is a key of the file's `[text]` table stands for that text. A fact
+the source does not state is absent. Pure Python (tomllib): the benchmarks and the tests read
+the runs here, not through sys.path.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from ._configs import config_path
 from .errors import MeshConfigError
 
-SETS = ("production", "moe", "pipeline")
+SETS = ("production", "moe", "pipeline", "long_context")
 _CITED = ("source", "notes", "missing")
 
 

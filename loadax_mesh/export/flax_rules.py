@@ -3,10 +3,11 @@ metadata): the logical axes of the reference step (docs/design.md section 7) map
 own mesh axes, to use with the plan's own `Mesh`, so the ring order is kept.
 
 `batch` -> the batch axes; `length` -> the sequence axis; `embed` (the d_model dim of weights)
--> the fsdp axis and the expert axis (which acts as fsdp outside the experts, as in MaxText);
+-> the fsdp axis, the sequence axis (context parallelism shards the weights as fsdp does) and
+the expert axis (which acts as fsdp outside the experts, as in MaxText);
 `heads`, `kv_heads`, `mlp`, `vocab` -> the tensor-parallel axis; `kv` (the per-head dim) is
 never sharded; `exp` (the expert dim of MoE weights) -> the expert axis; `embed_no_exp` (the
-d_model dim of expert weights, MaxText's name) -> the fsdp axis, as MaxText's rules have them;
+d_model dim of expert weights, MaxText's name) -> the fsdp and sequence axes;
 `stage` (the stage dim of pipelined weights [repeats, stages, layers, ...], the step's
 `stages.staged_shapes`, MaxText's `layers` -> `stage`) -> the pipeline axis. A role the plan
 lacks (or of size 1) maps to None.
@@ -46,17 +47,18 @@ def to_flax_rules(plan: PlanView) -> tuple[Rule, ...]:
     shape = plan.shape
     r = named_roles(plan, "to_flax_rules", "shards no logical axis")
     batch = tuple(a for a in r.batch if shape[a] > 1)
-    model, fsdp, expert, pipeline = (
+    model, fsdp, seq, expert, pipeline = (
         axis if axis is not None and shape[axis] > 1 else None
-        for axis in (r.model, r.fsdp, r.expert, r.pipeline)
+        for axis in (r.model, r.fsdp, r.seq, r.expert, r.pipeline)
     )
-    embed = tuple(a for a in (fsdp, expert) if a is not None)
+    weights = tuple(a for a in (fsdp, seq) if a is not None)
+    embed = tuple(a for a in (*weights, expert) if a is not None)
     table: dict[str, str | tuple[str, ...] | None] = {
         "batch": batch[0] if len(batch) == 1 else (batch or None),
-        "length": r.seq if r.seq is not None and shape[r.seq] > 1 else None,
+        "length": seq,
         "embed": embed[0] if len(embed) == 1 else (embed or None),
         "exp": expert,
-        "embed_no_exp": fsdp,
+        "embed_no_exp": weights[0] if len(weights) == 1 else (weights or None),
         "heads": model,
         "kv_heads": model,
         "kv": None,

@@ -208,6 +208,16 @@ def _moe(train: TrainSpec, platform: str) -> dict[str, str]:
     return keys
 
 
+def _context(train: TrainSpec) -> dict[str, str]:
+    """The context-parallel keys: the strategy (MaxText's names are the step's) and the
+    dual-chunk-swap load balance, which MaxText applies once per batch at the input as the
+    step does."""
+    return {
+        "context_parallel_strategy": train.context_strategy,
+        "context_parallel_load_balance": str(train.context_load_balance).lower(),
+    }
+
+
 def _resized(model: ModelSpec) -> dict[str, str]:
     """The keys that resize MaxText's config of a shipped model to `model` (none when equal)."""
     shipped = ModelSpec.from_name(model.name)
@@ -322,6 +332,7 @@ def to_maxtext(
             **(_moe(train, str(plan.table.platform)) if moe else {}),
             **({} if model is None else _model(model)),
             **quantized,
+            **(_context(train) if "context" in axes.values() else {}),
         }
     )
     notes = [
@@ -333,11 +344,6 @@ def to_maxtext(
         *stage_notes,
         *quantized_notes,
     ]
-    if "context" in axes.values():
-        notes.append(
-            "approximate: MaxText's context axis also shards the weights' embed dim (FSDP-like), "
-            "which the reference step's sequence axis does not"
-        )
     if moe and train.moe == "dropless":
         notes.append(
             "approximate: the reference step's dropless experts are jax.lax.ragged_dot grouped "

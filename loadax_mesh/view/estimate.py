@@ -3,6 +3,7 @@ and the ranking `choose_mesh` gives (`plan --strategy auto`, printed before the 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from ..cost.band import DOES_NOT_FIT, FITS, UNSURE, memory_band
@@ -50,7 +51,8 @@ def ranking_text(ranking: RankingView) -> str:
                 f"{e.remat} x{e.microbatches}"
                 + (f" /{e.logits_chunks}" * (e.logits_chunks > 1))
                 + (f" {e.moe}" if e.moe else "")
-                + _stages(e),
+                + _stages(e)
+                + _context(e).replace(", context", ""),
                 f"{e.memory_bytes / 1e9:.1f} / {e.hbm_bytes / 1e9:.1f} GB"
                 + (" (?)" if c.beyond_headroom else " (~)" * (e.verdict == UNSURE)),
                 f"{e.host_bytes / 1e9:.1f} GB" if e.host_bytes else "-",
@@ -85,6 +87,8 @@ def ranking_text(ranking: RankingView) -> str:
             f"(~) {', '.join(unsure)}. memory within the model's error{error} so the compiled "
             "step may not fit: compile to confirm"
         )
+    if len(ranking) and (why := _why_sequence(ranking[0])):
+        marks.append(why)
     if len(ranking) and ranking.numerics:
         step = ranking[0].estimate.step_seconds
         priced = ", ".join(f"{what} {s:.3f} s ({step / s:.2f}x)" for what, s in ranking.numerics)
@@ -151,6 +155,33 @@ def ranking_data(ranking: RankingView) -> dict[str, Any]:
     }
 
 
+def _why_sequence(choice: Any) -> str:
+    """Why choice 1 cuts the sequence, where it does (the search leaves a sequence axis out
+    where whole sequences fit: cost/choose/space.py's WHOLE)."""
+    e, plan = choice.estimate, choice.plan
+    seq = [a for a, t in e.axes.items() if t.role == "sequence" and e.mesh[a] > 1]
+    if not seq or e.train is None:
+        return ""
+    c, batch = e.mesh[seq[0]], math.prod(e.mesh[a] for a in plan.batch_axis_names)
+    slots = batch * c * (e.pipeline.stages if e.pipeline else 1)
+    why = (
+        f"{e.global_batch} sequences do not fill the {slots} sequence slots of the mesh without it"
+        if e.global_batch % slots
+        else "whole sequences fit no mesh without it with any recipe searched"
+    )
+    return f"sequence axis: choice 1 cuts each sequence {c} ways{_context(e)}: {why}"
+
+
+def _context(e: Estimate) -> str:
+    """ ", context ring" (and ", unbalanced") where the mesh has a sequence axis, else
+    nothing: how attention crosses it (TrainSpec.context_strategy)."""
+    split = any(t.role == "sequence" and e.mesh[a] > 1 for a, t in e.axes.items())
+    if e.train is None or not split:
+        return ""
+    t = e.train
+    return f", context {t.context_strategy}" + ", unbalanced" * (not t.context_load_balance)
+
+
 def _precision(e: Estimate) -> str:
     """ ", quantization fp8" where the recipe priced low-precision matmuls, else nothing."""
     q = "none" if e.train is None else e.train.quantization
@@ -168,7 +199,7 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
     lines = [
         f"estimate   {e.model}, global batch {e.global_batch} on {e.hardware}",
         f"recipe     remat {e.remat}, microbatches {e.microbatches}, logits chunks "
-        f"{e.logits_chunks}" + (f", moe {e.moe}" if e.moe else "") + _precision(e),
+        f"{e.logits_chunks}" + (f", moe {e.moe}" if e.moe else "") + _precision(e) + _context(e),
         f"mesh       {mesh}",
         *(f"given      {k} = {v} ({GIVEN})" for k, v in e.given.items()),
         *(f"note       {n}" for n in notes),

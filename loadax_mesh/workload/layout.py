@@ -55,7 +55,8 @@ class Roles:
     pipeline: str | None = None
 
     def size(self, role: str) -> int:
-        """The degree of a role: the product of the batch axes for "batch"."""
+        """The degree of a role: the product of the batch axes for "batch", of fsdp and seq
+        for "weights" (the axes that shard the weights outside the experts)."""
         if role in self._degrees:
             return self._degrees[role]
         axis = getattr(self, role)
@@ -69,6 +70,7 @@ class Roles:
         for role in ("fsdp", "model", "seq", "expert", "pipeline"):
             axis = getattr(self, role)
             out[role] = 1 if axis is None else sizes[axis]
+        out["weights"] = out["fsdp"] * out["seq"]  # what shards the weights outside the experts
         return out
 
     def data_parallel_axes(self) -> tuple[str, ...]:
@@ -79,12 +81,15 @@ class Roles:
 
     def mesh_axes(self, logical: Logical) -> tuple[str | tuple[str, ...] | None, ...]:
         """A PartitionSpec's entries for an array with these logical axes."""
-        embed = tuple(a for a in (self.fsdp, self.expert) if a is not None)
+        # The sequence axis shards the weights as fsdp does (MaxText's context axis,
+        # torchtitan's dp_shard x cp): context parallelism never replicates the model.
+        weights = tuple(a for a in (self.fsdp, self.seq) if a is not None)
+        embed = (*weights, self.expert) if self.expert is not None else weights
         table: dict[str, str | tuple[str, ...] | None] = {
-            "embed": embed[0] if len(embed) == 1 else (embed or None),
-            "lora": embed[0] if len(embed) == 1 else (embed or None),
+            "embed": _entry(embed),
+            "lora": _entry(embed),
             "exp": self.expert,
-            "embed_no_exp": self.fsdp,
+            "embed_no_exp": _entry(weights),
             "heads": self.model,
             "kv_heads": self.model,
             "mlp": self.model,
@@ -103,6 +108,11 @@ class Roles:
             for axis in (entry,) if isinstance(entry, str) else entry or ():
                 total *= dict(self.sizes)[axis]
         return total
+
+
+def _entry(axes: tuple[str, ...]) -> str | tuple[str, ...] | None:
+    """A PartitionSpec entry for `axes`: one name alone, several as a tuple, none as None."""
+    return axes[0] if len(axes) == 1 else (axes or None)
 
 
 def roles(axis_sizes: Sequence[tuple[str, int]], batch_axes: Sequence[str]) -> Roles:

@@ -195,15 +195,9 @@ def test_a_stage_runs_the_activation_collectives_of_its_layer_passes(
     assert _axis_bytes(piped, axis, True) == layer * S // micro * stage_passes
     assert _axis_bytes(piped, axis, False) == plain[L] - L * layer  # the head's (no lead layers)
     assert piped.axes[axis].role == ("tensor" if axis == "model" else "sequence")
-    summed = [c for c in piped.axes[axis].collectives if "weight" in c.what]
-    if axis == "seq":  # it replicates the weights: each pass's gradients summed over it
-        (c,) = summed
-        assert (c.kind, c.count) == ("all-reduce", stage_passes)
-        (layer,) = [g for g in piped.axes["fsdp"].collectives if g.kind == "reduce-scatter"
-                    and g.what == "layer weight gradients"]  # fmt: skip
-        assert c.bytes == layer.bytes // 4  # a layer's gradients, the fsdp shard of them
-    else:
-        assert not summed
+    # the sequence axis shards the weights with fsdp: their collectives span both, counted on
+    # fsdp (parts/traffic.py's shard_axis); none on the tensor or sequence axis itself
+    assert not [c for c in piped.axes[axis].collectives if "weight" in c.what]
     assert piped.axes[axis].exposed_seconds > 0
 
 

@@ -35,7 +35,8 @@ def test_rules_follow_the_roles_of_the_plan_axes() -> None:
     sp = MeshConfig.from_preset("dp_sp").plan(simulate_devices("tpu-v5litepod-8"))
     rules = dict(sp.to_flax_rules())
     assert rules["batch"] == "data_parallel" and rules["length"] == "sequence_parallel"
-    assert rules["embed"] is None and rules["mlp"] is None
+    # context parallelism shards the weights as fsdp does (docs/design.md section 14)
+    assert rules["embed"] == "sequence_parallel" and rules["mlp"] is None
 
 
 def test_an_axis_with_no_logical_meaning_is_refused() -> None:

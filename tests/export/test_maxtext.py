@@ -102,12 +102,20 @@ def test_a_parallel_block_is_refused_naming_the_field() -> None:
         )
 
 
-def test_sequence_parallel_is_maxtext_context_and_is_said_to_be_approximate() -> None:
-    config = _plan("dp_sp", "tpu-v5litepod-8").to_maxtext(TrainSpec(global_batch=4), order=False)
+def test_sequence_parallel_is_maxtext_context_with_its_strategy_and_load_balance() -> None:
+    plan = _plan("dp_sp", "tpu-v5litepod-8")
+    config = plan.to_maxtext(TrainSpec(global_batch=4), order=False)
     assert config.keys["ici_context_parallelism"] == "4"
     assert config.keys["ici_data_parallelism"] == "2"
     assert config.keys["per_device_batch_size"] == "0.5"
-    assert any("context axis also shards" in n for n in config.notes)
+    assert config.keys["context_parallel_strategy"] == "all_gather"
+    assert config.keys["context_parallel_load_balance"] == "true"
+    train = TrainSpec(global_batch=4, context_strategy="ring", context_load_balance=False)
+    ring = plan.to_maxtext(train, order=False)
+    assert ring.keys["context_parallel_strategy"] == "ring"
+    assert ring.keys["context_parallel_load_balance"] == "false"
+    plain = _plan("fsdp", "tpu-v5litepod-8").to_maxtext(TrainSpec(global_batch=8), order=False)
+    assert "context_parallel_strategy" not in plain.keys
 
 
 def test_maxtext_order_is_judged_beside_ours_and_split_axes_are_asked_for() -> None:

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, get_args
 
 from ...errors import MeshConfigError
 from ...hardware.profile import DeviceFacts
 from ...workload.layout import Roles, check_fit, roles
-from ...workload.spec import ModelSpec, TrainSpec
+from ...workload.spec import ContextStrategy, ModelSpec, TrainSpec
 from ..calibration import Calibrated
 from ..estimate import Estimate, Priced, across_granules, holds_tables, price
 from .pipeline import pipeline_recipes
 from .recipes import Recipe, fitting_recipes
-from .space import ACROSS, Candidate, Space, across, tally
+from .space import ACROSS, WHOLE, Candidate, Space, across, tally
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class Search:
         self.smallest: int | None = None  # the least memory a mesh needs where none fits
         self.unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
         self.fits = f"{1 - headroom:.0%} of memory nor within the model's error of all of it"
+        self._whole: dict[tuple[int, ...], bool] = {}  # folded shape -> some recipe fits
 
     def mesh(self, space: Space, sizes: tuple[int, ...]) -> list[Candidate]:
         """The splits of one shape that fit with some recipe, each with its bound."""
@@ -64,6 +65,9 @@ class Search:
             self._prune(space, sizes, "the model or batch does not divide")
             return []
         self.batch_ok = True
+        if r.size("seq") > 1 and self._whole_sequences_fit(space, sizes):
+            self._prune(space, sizes, WHOLE)
+            return []
         links = dict.fromkeys(space.names, self.link)
         # the recipes that fit, and the least memory of those that do not, by whether the
         # split holds the embedding tables for a reduction across granules (memory depends on
@@ -79,10 +83,7 @@ class Search:
             factors = dict(zip(space.names, zip(ici, dcn, strict=True), strict=True))
             held = holds_tables(self.device, r, factors)
             if held not in fitting:
-                here = pipeline_recipes(self.wanted, r)
-                fitting[held] = fitting_recipes(
-                    model, train, here, r, self.device, held, self.headroom
-                )
+                fitting[held] = self._recipes(train, r, held)
             recipes_here, least = fitting[held]
             if not recipes_here:
                 if least is not None:
@@ -94,6 +95,48 @@ class Search:
             bound = fastest(model, r, factors, links, self.device, recipes_here).key
             out.append(Candidate(bound, space, r, factors, recipes_here))
         return out
+
+    def _recipes(self, train: TrainSpec, r: Roles, held: bool) -> tuple[list[Recipe], int | None]:
+        """The recipes that fit the mesh and the least memory of those that do not; on a mesh
+        with a sequence axis, under each context strategy (all-gather and ring differ in what
+        they hold and what they hide)."""
+        here = pipeline_recipes(self.wanted, r)
+        strategies: tuple[ContextStrategy, ...] = (
+            get_args(ContextStrategy) if r.size("seq") > 1 else (train.context_strategy,)
+        )
+        found: list[Recipe] = []
+        least: int | None = None
+        for strategy in strategies:
+            t = replace(train, context_strategy=strategy)
+            more, low = fitting_recipes(self.model, t, here, r, self.device, held, self.headroom)
+            found += more
+            if low is not None:
+                least = low if least is None else min(least, low)
+        return found, least
+
+    def _whole_sequences_fit(self, space: Space, sizes: tuple[int, ...]) -> bool:
+        """Whether the mesh with its sequence axis folded into its FSDP axis (else its first
+        batch axis: each device whole sequences, the weights cut as often) takes the batch and
+        fits with some recipe: then a sequence axis only adds its key and value traffic, and
+        the search leaves it out (`WHOLE`)."""
+        here = roles(tuple(zip(space.names, sizes, strict=True)), space.batch)
+        seq = space.names.index(str(here.seq))
+        batch = [k for k, a in enumerate(space.names) if a in space.batch]
+        into = space.names.index(here.fsdp) if here.fsdp in space.batch else batch[0]
+        folded = list(sizes)
+        folded[into], folded[seq] = folded[into] * folded[seq], 1
+        r = roles(tuple(zip(space.names, folded, strict=True)), space.batch)
+        train = for_mesh(self.train, r)
+        try:
+            check_fit(self.model, train, r)
+        except MeshConfigError:
+            return False
+        key = tuple(folded)
+        if key not in self._whole:
+            wanted = pipeline_recipes(self.wanted, r)
+            fit = fitting_recipes(self.model, train, wanted, r, self.device, False, self.headroom)
+            self._whole[key] = bool(fit[0])
+        return self._whole[key]
 
     def _prune(self, space: Space, sizes: tuple[int, ...], reason: str) -> None:
         k = space.count(sizes, self.granules)

@@ -29,6 +29,7 @@ MOE_AXES = ("data", "fsdp", "expert", "seq", "model")
 # outside the experts).
 BATCH = ("data", "replicate", *ROLE_NAMES["fsdp"], *ROLE_NAMES["expert"])
 ACROSS = "tensor or sequence axis across granules"
+WHOLE = "sequence axis where whole sequences fit (the batch fills the devices without one)"
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ def _expert_stacks(model: ModelSpec, roles: Roles, param_dtype: str) -> int:
     """The routed experts' stacked parameters of one device, in the parameter dtype: what XLA's
     GPU compiler lays out a second time for the whole step where fsdp shards their d_model
     (`PlatformTraits.relayouts_experts`); nothing without an fsdp axis to gather over."""
-    fsdp = roles.size("fsdp")
+    fsdp = roles.size("weights")
     if not model.num_experts or fsdp == 1:
         return 0
     return (

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec
 from . import mla
+from .context import window_share
 from .moe import expert_rows, moe_op_flops
 from .plain_attention import again_flops, square_flops
 from .saved import runs_again
@@ -14,7 +15,8 @@ from .shapes import Shapes
 
 def op_flops(model: ModelSpec) -> dict[str, float]:
     """FLOPs per token of the op producing each named tensor of a layer (2 per weight; causal
-    attention: half of 4 * seq * heads * head_dim; the MLP's input: SwiGLU's gate and up, or a
+    attention: half of 4 * seq * heads * head_dim, less what sliding windows leave out,
+    `window_share`, averaged over the layers; the MLP's input: SwiGLU's gate and up, or a
     two-matrix MLP's up); norms, rotary and activations count 0. Latent attention's ops:
     cost/parts/mla.py."""
     d, hd, f = model.d_model, model.head_dim, model.d_ff
@@ -26,7 +28,7 @@ def op_flops(model: ModelSpec) -> dict[str, float]:
         "query": 2.0 * d * h * hd,
         "key": 2.0 * d * kv * hd,
         "value": 2.0 * d * kv * hd,
-        "attention_out": 2.0 * model.seq_len * h * hd,
+        "attention_out": 2.0 * model.seq_len * h * hd * window_share(model),
         "out_proj": 2.0 * h * hd * d,
         "mlp_in": 2.0 * inputs * d * f,
         "mlp_out": 2.0 * f * d,

@@ -79,6 +79,23 @@ def plain_attention(
     )
 
 
+def ring_attention(
+    model: ModelSpec, train: TrainSpec, *, widths: tuple[int, int] | None = None
+) -> PlainAttention:
+    """The passes of one layer's ring attention (workload/ring.py: XLA einsums over tiles of
+    the pairs the mask keeps, a float32 online softmax), per kept score element: forward
+    q.k^T and weights.v with the softmax's passes in float32; again where a checkpoint reruns
+    the attention; backward (flash attention's custom VJP) q.k^T and the weights recomputed
+    from the log-sum-exp, then dO.v^T, weights^T.dO, dS.k and dS^T.q."""
+    qk, v = widths or _widths(model)
+    f32 = 4.0
+    scores, weighted = (2.0 * qk, f32), (2.0 * v, f32)
+    forward = Pass(matmuls=(scores, weighted), elementwise=4 * f32)
+    again = forward if train.remat != "none" else Pass(matmuls=(), elementwise=0.0)
+    backward = Pass(matmuls=(scores, weighted, weighted, scores, scores), elementwise=4 * f32)
+    return PlainAttention(forward=forward, again=again, backward=backward)
+
+
 def _widths(model: ModelSpec) -> tuple[int, int]:
     """The contraction dim of q.k^T (head_dim) and the values' width (latent attention's
     v_head_dim)."""

@@ -17,7 +17,8 @@ per step. What each role's axis carries:
   and the blocks' outputs reduce-scattered, forward, backward and recompute
   (`tensor_collectives`); outside the layers the lookup's and the final norm's.
 - Sequence: per layer keys and values gathered along the sequence and their gradients
-  reduce-scattered (`seq_collectives`).
+  reduce-scattered, or passed round it block by block (`seq_collectives`); the axis also
+  shards the weights as FSDP does (`shard_axis`).
 An axis with ICI and DCN factors runs each collective as an ICI phase then a DCN phase, each a
 ring's time: (n - 1) / n of the bytes over the link, plus one latency per step.
 """
@@ -65,7 +66,7 @@ def collectives(
     cd = dtype_bytes(train.compute_dtype)
     m, L, d, M = roles.size("model"), model.num_layers, model.d_model, train.microbatches
     tables = (1 if model.tied_embeddings else 2) * sh.vocab * d * cd
-    shard = model.num_params // (roles.size("fsdp") * m) * cd
+    shard = model.num_params // (roles.size("weights") * m) * cd
     found: list[Collective] = []
     if model.num_experts:
         shard = shard_bytes(model, roles, cd, None)
@@ -117,7 +118,7 @@ def data_collectives(
     m, L, d, M = roles.size("model"), model.num_layers, model.d_model, train.microbatches
     cd, kind = dtype_bytes(train.compute_dtype), "all-reduce"
     k, rest = weight_arrays(model), 3 - int(model.tied_embeddings)  # tables, final norm
-    tables = (rest - 1) * model.vocab_size * d // (roles.size("fsdp") * m)
+    tables = (rest - 1) * model.vocab_size * d // (roles.size("weights") * m)
     outside = (tables + d) * cd
     found: list[Collective] = []
     if train.optimizer_over_data:
@@ -191,17 +192,30 @@ def tensor_collectives(
 def seq_collectives(
     model: ModelSpec, train: TrainSpec, roles: Roles, *, layer_runs: int
 ) -> list[Collective]:
-    """The sequence axis's collectives: per layer pass (`layer_runs`: passes times
-    micro-batches) a micro-batch's keys and values gathered along the sequence (again for a
-    recompute that needs them) and their gradients reduce-scattered."""
-    s = roles.seq
-    if s is None or roles.size("seq") == 1 or not layer_runs:
+    """The sequence axis's attention collectives, per layer pass (`layer_runs`: passes times
+    micro-batches), each on a micro-batch's keys and values (again for a recompute that needs
+    them), by `TrainSpec.context_strategy`: "all_gather" gathers them whole and
+    reduce-scatters their gradients, the attention waiting on both; "ring" (workload/ring.py)
+    passes each device's block to the next c - 1 times forward (again where a checkpoint
+    reruns the attention), and backward c - 1 times again with its float32 gradient
+    accumulators c times, each hop beside the attention of the block in hand (hidden up to
+    the compute)."""
+    s, c = roles.seq, roles.size("seq")
+    if s is None or c == 1 or not layer_runs:
         return []
     sh, placed = Shapes.of(model, train, roles), train.placements
     kv_again = int("recompute" in (placed["key"], placed["value"]))  # recomputed for the kernel
     v_dim = model.v_head_dim if model.attention == "mla" else model.head_dim
     cd = dtype_bytes(train.compute_dtype)
     kv = sh.micro_rows * model.seq_len * sh.kv_heads * (model.head_dim + v_dim) * cd
+    if train.context_strategy == "ring":
+        block, again = kv // c, int(train.remat != "none")
+        return [
+            Collective(s, "collective-permute", "key and value blocks round the ring", block,
+                       (c - 1) * (2 + again) * layer_runs, True),
+            Collective(s, "collective-permute", "float32 key and value gradient blocks",
+                       block * 4 // cd, c * layer_runs, True),
+        ]  # fmt: skip
     return [
         Collective(s, "all-gather", "keys and values", kv, (1 + kv_again) * layer_runs, False),
         Collective(s, "reduce-scatter", "key and value gradients", kv, layer_runs, False),
@@ -258,12 +272,19 @@ def weight_arrays(model: ModelSpec) -> int:
 
 
 def shard_axis(roles: Roles) -> str | None:
-    """The axis the weights' FSDP collectives are counted on: fsdp, or the expert axis where
-    it acts as FSDP alone (with both, a collective spans the two: counted on fsdp)."""
-    for a in (roles.fsdp, roles.expert):
-        if a is not None and roles.size("fsdp" if a == roles.fsdp else "expert") > 1:
-            return a
+    """The axis the weights' FSDP collectives are counted on: fsdp, else the sequence axis
+    (it shards the weights as fsdp does), else the expert axis where it acts as FSDP alone
+    (a collective spanning several is counted on the first)."""
+    for role in ("fsdp", "seq", "expert"):
+        if roles.size(role) > 1:
+            return getattr(roles, role)
     return None
+
+
+def weights_axis(roles: Roles) -> str | None:
+    """The axis the routed experts' weight collectives are counted on: fsdp, else the sequence
+    axis (their d_model is cut over both); None where neither shards them."""
+    return next((getattr(roles, r) for r in ("fsdp", "seq") if roles.size(r) > 1), None)
 
 
 def moe_collectives(
@@ -304,8 +325,8 @@ def moe_collectives(
         Collective(a, "all-gather", "MoE layer weights", shared - attention, 2 * moe, True),
         Collective(a, "reduce-scatter", "MoE layer gradients", shared, moe, True),
     ]
-    if roles.fsdp is not None and roles.size("fsdp") > 1:
-        f = roles.fsdp
+    f = weights_axis(roles)
+    if f is not None:
         found += [
             Collective(f, "all-gather", "expert weights", experts, 2 * moe, True),
             Collective(f, "reduce-scatter", "expert gradients", experts, moe, True),

@@ -86,7 +86,7 @@ def pipeline_time(
     whole = (
         shard_bytes(model, rd, 1, None)
         if model.num_experts
-        else model.num_params / (r.size("fsdp") * r.size("model"))
+        else model.num_params / (r.size("weights") * r.size("model"))
     )
     params = shard_elements(model, st, r, 1, None) - whole
     update = params * update_bytes(train) / facts.need("hbm_bandwidth")

@@ -5,11 +5,11 @@ FSDP gathers a stage's layer weights every iteration, forward and backward, and 
 gradients every iteration, plus the lead layers' and the tables' as a plain step. The tensor
 and sequence axes carry a plain layer's activation collectives on each of a stage's layer
 passes (a pipeline micro-batch's rows each), and the lead layers' and the head's on the rows of
-the step's layout; the sequence axis, which replicates the weights, also sums each stage layer
-pass's weight gradients. The pipeline axis carries the stage-to-stage activations (exposed:
-on the schedule's critical path), the micro-batches gathered to every stage and their
-gradients summed, the last stage's results taken back to the step's layout, the lookup's
-gradient rows, and the gradients of what it replicates.
+the step's layout; the sequence axis shards the weights as FSDP does. The pipeline axis
+carries the stage-to-stage activations (exposed: on the schedule's critical path), the
+micro-batches gathered to every stage and their gradients summed, the last stage's results
+taken back to the step's layout, the lookup's gradient rows, and the gradients of what it
+replicates.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from ..parts.traffic import (
     tensor_collectives,
     weight_arrays,
 )
-from ..parts.weights import dense_layer_weights, moe_layer_weights
 from ..timing.axes import AxisTraffic, axis_total
 from .stages import data_roles, moe_stages, shard_elements, stage_train
 
@@ -122,8 +121,7 @@ def _activations(
 ) -> list[Collective]:
     """The tensor and sequence axes' activation collectives and the expert axis's exchanges:
     the lead layers and the head on a replica's rows split over the pipeline axis too, the
-    stage's layer passes (the bubble's included) on a pipeline micro-batch's rows; and the
-    sequence axis's sum of each stage layer pass's weight gradients."""
+    stage's layer passes (the bubble's included) on a pipeline micro-batch's rows."""
     ts, mb, lead = stage_train(train, st), train.microbatches, st.lead_dense + st.lead_moe
     rd, passes = data_roles(r), st.per_chunk * st.iterations * mb
     found = _run(
@@ -138,16 +136,6 @@ def _activations(
         " in the stages",
     )
     found += _run(exchanges(model, train, rd, layer_runs=st.lead_moe * mb))
-    if r.seq is not None and r.size("seq") > 1:
-        # The sequence axis replicates the weights: the scan's backward pass sums each
-        # iteration's weight gradients (a layer's shard, in the compute dtype) over it before
-        # adding them up, a layer pass at a time (the compiled steps of bench_cost).
-        m, cd = r.size("model"), dtype_bytes(train.compute_dtype)
-        dense = dense_layer_weights(model, m)
-        weights = sum(moe_layer_weights(model, r)) if moe_stages(st) else dense
-        shard = weights * cd // r.size("fsdp")
-        found.append(Collective(r.seq, "all-reduce", "layer weight gradients in the stages",
-                                shard, passes, True))  # fmt: skip
     return found
 
 
@@ -171,7 +159,7 @@ def _between_stages(
     micro = stage.micro_rows * stage.seq * d // m * cd
     # The parameters the pipeline axis replicates, less the input table: its gradient rows
     # are gathered over the axis before the scatter-add (above), not reduced after.
-    table = 0 if model.tied_embeddings else model.vocab_size // m * d // r.size("fsdp") * cd
+    table = 0 if model.tied_embeddings else model.vocab_size // m * d // r.size("weights") * cd
     return [
         Collective(p, "collective-permute", "stage-to-stage activations", micro,
                    2 * st.iterations * mb, False),

@@ -1,6 +1,7 @@
 """The step's attention seconds on one device. The fused kernels (TPU: jax's splash kernels;
-GPU: cuDNN's) are priced by their FLOPs over the causal query-key pairs at the kernel's rate,
-or their operands' bytes where that is longer; the forward runs again in every checkpointed
+GPU: cuDNN's) are priced by their FLOPs over the query-key pairs the mask keeps on the busiest
+shard of the sequence (parts/context.py: windows, load balance) at the kernel's rate, or their
+operands' bytes where that is longer; the forward runs again in every checkpointed
 layer, its output kept or not (parts/saved.py `runs_again`). Plain attention
 (`TrainSpec.attention`, parts/plain_attention.py) computes the whole square: its matmuls
 priced as a projection is, its softmax and the softmax's gradient memory-bound over the
@@ -14,7 +15,8 @@ from ...hardware.profile import DeviceFacts
 from ...hardware.traits import attention_kernel
 from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec
-from ..parts.plain_attention import Pass, plain_attention
+from ..parts.context import mean_pairs
+from ..parts.plain_attention import Pass, PlainAttention, plain_attention, ring_attention
 from .device import Device, whole
 
 # FLOPs per causal query-key pair, forward and backward, by the platform's fused kernel (the
@@ -49,9 +51,12 @@ def attention(
     widths = whole(model.head_dim, unit), whole(d.v_dim, unit)
     if attention_kernel(train.attention, facts.platform) == "plain":
         return _plain(model, train, roles, d, widths, kernel_bytes)
+    if train.context_strategy == "ring" and roles.size("seq") > 1:
+        return _ring(model, train, roles, d, widths, kernel_bytes)
     fwd_pair, bwd_pair = _PER_PAIR.get(facts.traits.fused_attention, _PER_PAIR["cudnn"])
-    # causal query-key pairs of a micro-batch's rows on this device's share of the sequence
-    pairs = d.rows // d.micro * _causal_pairs(model.seq_len) / roles.size("seq")
+    # the query-key pairs a micro-batch's rows keep on the busiest shard of the sequence
+    balanced = train.context_load_balance
+    pairs = d.rows // d.micro * mean_pairs(model, roles.size("seq"), balanced=balanced)
 
     def kernel(per_pair: tuple[int, int]) -> float:
         """One pass of the flash kernel: its FLOPs over the pairs, or its operands' bytes."""
@@ -73,7 +78,27 @@ def _plain(
     """Plain attention over the whole square: a micro-batch's rows x heads x this device's
     queries x every key."""
     squares = d.rows // d.micro * d.heads * (model.seq_len // roles.size("seq")) * model.seq_len
-    passes = plain_attention(model, train, widths=widths).passes
+    return _written_out(d, squares, plain_attention(model, train, widths=widths), kernel_bytes)
+
+
+def _ring(
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    d: Device,
+    widths: tuple[int, int],
+    kernel_bytes: float,
+) -> Attention:
+    """Ring attention (workload/ring.py): XLA's tiles over the pairs the busiest shard keeps
+    (the tiles the mask excludes skipped), priced as written-out attention is."""
+    balanced = train.context_load_balance
+    kept = d.rows // d.micro * d.heads * mean_pairs(model, roles.size("seq"), balanced=balanced)
+    return _written_out(d, kept, ring_attention(model, train, widths=widths), kernel_bytes)
+
+
+def _written_out(d: Device, squares: float, att: PlainAttention, kernel_bytes: float) -> Attention:
+    """Attention whose score tensors XLA writes out: `squares` score elements a layer pass."""
+    passes = att.passes
 
     def priced(p: Pass) -> tuple[float, float]:
         """(matmul seconds, memory-bound seconds) of one of a layer's passes; a matmul reads or
@@ -89,8 +114,3 @@ def _plain(
     return Attention(
         d.layers * sum(m for m, _ in each), forward, sum(e for _, e in each), softmax_forward
     )
-
-
-def _causal_pairs(seq: int) -> float:
-    """Query-key pairs a causal mask keeps: query i sees keys 0..i."""
-    return seq * (seq + 1) / 2

@@ -48,7 +48,7 @@ def memory_bound(
     recomputed = elementwise_fwd if again else 0  # the forward recomputed
     loss = _logits_accesses(train.logits_chunks > 1) * d.vocab * act
     per_token: float = layers * (elementwise_fwd + elementwise_bwd + recomputed) + loss
-    shard = model.num_params / (roles.size("fsdp") * d.tensor)  # parameters this device updates
+    shard = model.num_params / (roles.size("weights") * d.tensor)  # parameters this device updates
     if moe:
         fwd_moe, bwd_moe = (
             (n + extra) * act
