@@ -51,6 +51,12 @@ def step_flops(compiled: Any, hlo: HloText) -> float | None:
                 continue
             body = dict(loop.called())["body"]
             flops += (trips or 1) * total(body) - analysed(body)
+        for i in hlo.computations[computation]:
+            # XLA counts a conditional as its costliest branch; so here, with the loops of
+            # each branch counted per trip (ring attention's tiles sit in such branches)
+            branches = [b for how, b in i.called() if how.endswith(("branch", "computation"))]
+            if i.opcode == "conditional" and branches:
+                flops += max(map(total, branches)) - max(map(analysed, branches))
         return flops
 
     try:

@@ -232,3 +232,27 @@ def test_collectives_without_an_origin_sharing_a_channel_are_each_counted():
     found = collectives(HloText(NO_ORIGIN), 4)
     assert sorted((c.name, c.bytes) for c in found) == [("all-reduce.47", 2 * 256 * 4),
                                                         ("kv", 4 * 128 * 2)]  # fmt: skip
+
+
+def test_loops_inside_a_conditional_count_every_trip():
+    """A loop in a `lax.cond` branch (ring attention's tiles): its trips counted, the
+    conditional as its costliest branch (XLA's own rule for one)."""
+    import jax
+    import jax.numpy as jnp
+
+    from loadax_mesh.compiler.flops import step_flops
+
+    x, matmul = jnp.ones((64, 64)), 2 * 64**3
+
+    def loop(x):
+        return jax.lax.fori_loop(0, 10, lambda _, x: jnp.tanh(x @ x), x)
+
+    def branches(i, x):
+        return jax.lax.switch(i, [loop, lambda x: x, lambda x: x @ x], x)
+
+    for f, args in ((loop, (x,)), (branches, (0, x))):
+        compiled = jax.jit(f).lower(*args).compile()
+        assert compiled.cost_analysis()["flops"] == pytest.approx(matmul, rel=0.01)  # once
+        assert step_flops(compiled, HloText(compiled.as_text())) == pytest.approx(
+            10 * matmul, rel=0.01
+        )
