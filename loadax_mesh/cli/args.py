@@ -7,13 +7,17 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import re
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin, get_type_hints
+
+from ..errors import MeshConfigError
 
 if TYPE_CHECKING:
     from ..config import MeshConfig
     from ..plan import MeshPlan
+    from ..workload.model import ModelSpec
     from ..workload.spec import TrainSpec
 
 
@@ -150,11 +154,22 @@ def train_flags() -> dict[str, tuple[dict[str, Any], str]]:
     return out
 
 
+MODEL_HELP = (
+    "a model: a catalogue name (`loadax-mesh models`) or a model file, a TOML in the "
+    "catalogue's schema or a Hugging Face config.json (ModelSpec.from_file)"
+)
+SEQ_LEN_HELP = (
+    "the run's sequence length, tokens a sequence (default: the model's seq_len; a "
+    "config.json's max_position_embeddings)"
+)
+
+
 def workload_flags() -> dict[str, tuple[dict[str, Any], str]]:
     """The workload flags of `compile`, `estimate` and `plan` (which reads them for `--strategy
-    auto` and `--format maxtext`): --model, every TrainSpec field's, and --fact."""
+    auto` and `--format maxtext`): --model, --seq-len, every TrainSpec field's, and --fact."""
     return {
-        "--model": ({"metavar": "M"}, "a model (`loadax-mesh models`)"),
+        "--model": ({"metavar": "M"}, MODEL_HELP),
+        "--seq-len": ({"type": positive_int, "metavar": "N"}, SEQ_LEN_HELP),
         **train_flags(),
         "--fact": (
             {"dest": "facts", "action": "append", "default": [], "metavar": "NAME=VALUE"},
@@ -162,6 +177,56 @@ def workload_flags() -> dict[str, tuple[dict[str, Any], str]]:
             "host_link_bandwidth=100GB/s (repeatable); reported as given by the user",
         ),
     }
+
+
+def read_model(text: str) -> ModelSpec:
+    """The model `--model` names: a catalogue name, else a model file (a path, or a name ending
+    in .toml or .json)."""
+    from ..workload.model import ModelSpec, list_models
+
+    names = list_models()
+    if text in names:
+        return ModelSpec.from_name(text)
+    if "/" in text or os.sep in text or text.endswith((".toml", ".json")) or os.path.isfile(text):
+        return ModelSpec.from_file(text)
+    raise MeshConfigError(
+        f"model={text!r} is not a known model nor a model file; accepted: {', '.join(names)}, "
+        "or the path of a model file (a .toml in the catalogue's schema or a Hugging Face "
+        "config.json)"
+    )
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec | None:
+    """The model the flags name, at --seq-len where given (None without --model); read once
+    (kept on `args`)."""
+    if getattr(args, "model_spec", None) is not None:
+        return args.model_spec
+    seq_len = getattr(args, "seq_len", None)
+    if args.model is None:
+        if seq_len is not None:
+            raise UsageError("--seq-len N needs --model M (the model whose sequences it sets)")
+        return None
+    model = read_model(args.model)
+    args.model_seq_len = model.seq_len
+    if seq_len is not None:
+        model = replace(model, seq_len=seq_len)
+    args.model_spec = model
+    return model
+
+
+def model_notes(args: argparse.Namespace) -> list[str]:
+    """What a report says of the model: the file it was read from, and the sequence length
+    --seq-len set in place of the model's own."""
+    model = model_from_args(args)
+    if model is None:
+        return []
+    notes = [] if args.model == model.name else [f"model {model.name} read from {args.model}"]
+    if getattr(args, "seq_len", None) is not None:
+        notes.append(
+            f"sequence length {model.seq_len} from --seq-len (the model's own: "
+            f"{args.model_seq_len})"
+        )
+    return notes
 
 
 def given_fields(args: argparse.Namespace) -> list[str]:

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .args import print_json
 
@@ -19,29 +19,23 @@ if TYPE_CHECKING:
 
 
 def models_command(args: argparse.Namespace) -> int:
-    from ..view.report import text_table
+    """The catalogue, or (`--model`) one model, a catalogue name or a model file."""
+    from ..view.models import model_data, model_text, models_text
     from ..workload import ModelSpec, list_models
+    from .args import read_model
 
+    if args.model is not None:
+        model = read_model(args.model)
+        if args.format == "json":
+            print_json(model_data(model))
+        else:
+            print(model_text(model, args.model))
+        return 0
     models = [ModelSpec.from_name(name) for name in list_models()]
     if args.format == "json":
-        print_json([{**vars(m), "num_params": m.num_params} for m in models])
-        return 0
-    keys = ["num_layers", "d_model", "d_ff", "num_heads", "num_kv_heads", "head_dim"]
-    rows: list[list[Any]] = [
-        ["model", "params", "layers", "d_model", "d_ff", "heads", "kv", "head", "vocab", "seq"]
-    ]
-    for m in models:
-        rows.append(
-            [
-                m.name,
-                _params_text(m.num_params),
-                *(getattr(m, k) for k in keys),
-                m.vocab_size,
-                m.seq_len,
-            ]
-        )
-    print(text_table(rows))
-    print("\nSources: configs/models/<name>.toml (or --format json)")
+        print_json([model_data(m) for m in models])
+    else:
+        print(models_text(models))
     return 0
 
 
@@ -51,9 +45,11 @@ def compile_command(
     """Compile the step the flags describe (`chosen`: `--strategy auto`'s recipe) for `plan`."""
     from ..compiler.report import compile_step
     from ..view.compile import render_report
+    from .args import model_notes
     from .cost import given_facts, specs
 
     model, train = specs(args, chosen)
+    notes = [*notes, *model_notes(args)]
     with _progress(f"compiling {model.name} for {plan.hardware}"):
         report = compile_step(plan, model, train, facts=given_facts(args))
     if args.format == "json":
@@ -61,10 +57,6 @@ def compile_command(
     else:
         print(render_report(report, notes))
     return 0
-
-
-def _params_text(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
 @contextmanager

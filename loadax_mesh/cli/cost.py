@@ -7,7 +7,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .args import UsageError, print_json, train_fields, train_from_args
+from .args import (
+    UsageError,
+    model_from_args,
+    model_notes,
+    print_json,
+    train_fields,
+    train_from_args,
+)
 
 if TYPE_CHECKING:
     from ..config import MeshConfig
@@ -17,10 +24,9 @@ if TYPE_CHECKING:
 
 
 def specs(args: argparse.Namespace, chosen: TrainSpec | None = None) -> tuple[ModelSpec, TrainSpec]:
-    """The model and train spec the flags name (--model and --global-batch are required);
-    `chosen`, where `--strategy auto` chose the recipe, is the train spec instead."""
-    from ..workload import ModelSpec
-
+    """The model (at --seq-len, where given) and train spec the flags name (--model and
+    --global-batch are required); `chosen`, where `--strategy auto` chose the recipe, is the
+    train spec instead."""
     missing = [
         f
         for f, v in (("--model M", args.model), ("--global-batch B", args.global_batch))
@@ -33,7 +39,9 @@ def specs(args: argparse.Namespace, chosen: TrainSpec | None = None) -> tuple[Mo
         }.get(args.command, (args.command, "for the step it compiles"))
         raise UsageError(f"{who} needs {' and '.join(missing)} ({why})")
     train = train_from_args(args) if chosen is None else chosen
-    return ModelSpec.from_name(args.model), train
+    model = model_from_args(args)
+    assert model is not None  # --model is given
+    return model, train
 
 
 def given_facts(args: argparse.Namespace) -> dict[str, str] | None:
@@ -78,7 +86,7 @@ def auto_config(args: argparse.Namespace) -> tuple[MeshConfig, Ranking, str]:
     if ranking[0].estimate.pipeline is not None:
         fields += ("pipeline_microbatches", "pipeline_repeats")
     searched = [f"--{k.replace('_', '-')}" for k in fields if k not in fixed]
-    note = auto_note(ranking, searched)
+    note = auto_note(ranking, searched, seq_len=model.seq_len)
     if pins and ranking.stages and ranking.with_pipeline is None:
         pinned = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in pins.items())
         note += (
@@ -98,9 +106,10 @@ def estimate_command(
     from ..view.estimate import estimate_text
 
     model, train = specs(args, chosen)
+    notes = [*notes, *model_notes(args)]
     e = estimate(plan, model, train, facts=given_facts(args))
-    if args.format == "json":
-        print_json({**e.to_dict(), "notes": notes})
+    if args.format == "json":  # the estimate names the model; its sequence length beside it
+        print_json({**e.to_dict(), "seq_len": model.seq_len, "notes": notes})
     else:
-        print(estimate_text(e, notes))
+        print(estimate_text(e, notes, seq_len=model.seq_len))
     return 0

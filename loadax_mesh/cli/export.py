@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .args import UsageError, given_fields, train_from_args
+from .args import UsageError, given_fields, model_from_args, train_from_args
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
@@ -23,17 +23,18 @@ EXPORT_FORMATS = ("maxtext", "axlearn", "flax")
 FORMAT_READS = {
     "text": "--global-batch (each host's rows)",
     "json": "--global-batch (each host's rows)",
-    "maxtext": "--global-batch (needed), --model and the training flags (one for each TrainSpec "
-    "field: --remat, --microbatches, --opt-state-dtype, --pipeline-*, ...): MaxText's keys "
-    "carry them",
+    "maxtext": "--global-batch (needed), --model, --seq-len and the training flags (one for "
+    "each TrainSpec field: --remat, --microbatches, --opt-state-dtype, --pipeline-*, ...): "
+    "MaxText's keys carry them",
     "axlearn": "none of them: the export is the mesh alone",
     "flax": "none of them: the export is the mesh alone",
 }
 FORMAT_HELP = (
     "text (the report) or json, which read --global-batch for each host's rows; or an export "
-    "(docs/exports.md): maxtext, which needs --global-batch and takes --model and the training "
-    "flags (MaxText's keys carry them), axlearn or flax, the mesh alone (no --global-batch or "
-    "workload flag, except with --strategy auto, which reads them to choose the mesh)"
+    "(docs/exports.md): maxtext, which needs --global-batch and takes --model, --seq-len and "
+    "the training flags (MaxText's keys carry them), axlearn or flax, the mesh alone (no "
+    "--global-batch or workload flag, except with --strategy auto, which reads them to choose "
+    "the mesh)"
 )
 
 
@@ -42,6 +43,7 @@ def refuse_unread_flags(args: argparse.Namespace) -> None:
     something uses them: given otherwise, say what the format reads."""
     maxtext = args.format == "maxtext"
     given = ["--model"] * (args.model is not None and not maxtext)
+    given += ["--seq-len"] * (args.seq_len is not None and not maxtext)
     given += [f"--{k.replace('_', '-')}" for k in given_fields(args) if not maxtext]
     given += ["--fact"] * bool(args.facts)
     if args.format in ("axlearn", "flax") and args.global_batch is not None:
@@ -59,10 +61,8 @@ def maxtext_train(
     args: argparse.Namespace, chosen: TrainSpec | None
 ) -> tuple[TrainSpec, ModelSpec | None]:
     """The recipe MaxText's keys carry: `--strategy auto`'s winner where it chose one
-    (`chosen`), else the flags' TrainSpec; the model from --model, if given."""
-    from ..workload.spec import ModelSpec
-
-    model = None if args.model is None else ModelSpec.from_name(args.model)
+    (`chosen`), else the flags' TrainSpec; the model from --model (at --seq-len), if given."""
+    model = model_from_args(args)
     if chosen is not None:
         return chosen, model
     if args.global_batch is None:

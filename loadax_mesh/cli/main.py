@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshConfigError
 from .args import (
+    MODEL_HELP,
     PICTURE_FLAGS,
     PLAN_FLAGS,
     Parser,
     UsageError,
     config_from_args,
     given_fields,
+    model_from_args,
+    model_notes,
     plan_with_notes,
     print_json,
     workload_flags,
@@ -51,7 +54,8 @@ _COMMANDS = {
     "fit, FLOPs and collectives",
     "estimate": "the cost model's estimate of the reference step on a plan: memory terms, "
     "compute, collectives per axis, step time, MFU and the bottleneck (no jax)",
-    "models": "the model catalogue for compile and the cost model",
+    "models": "the model catalogue for compile and the cost model; --model NAME|FILE: one "
+    "model (a catalogue name, a TOML or a Hugging Face config.json) with its parameter counts",
     "launch": "N local processes joined by jax.distributed: launch --nprocs N "
     "--devices-per-process K -- CMD ...",
 }
@@ -89,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         picture = PICTURE_FLAGS if name == "plan" else {}
         for flag, (options, text) in {**PLAN_FLAGS, **workload, **picture}.items():
             command.add_argument(flag, **options, help=text)
+    sub.choices["models"].add_argument(
+        "--model", metavar="M", help=f"one model in full, with its parameter counts: {MODEL_HELP}"
+    )
     from .replan import add_parser as add_replan
 
     add_replan(sub)
@@ -146,7 +153,7 @@ def _planned(args: argparse.Namespace) -> tuple[MeshPlan, list[str], Ranking | N
         if args.command == "plan":
             refuse_unread_flags(args)
         config, source = config_from_args(args, selector)
-    notes = [source, *_device_notes(devices)]
+    notes = [source, *_device_notes(devices), *(model_notes(args) if ranking is not None else [])]
     try:
         plan = plan_with_notes(config, devices, selector, args.granule, notes)
     except MeshConfigError as err:
@@ -206,7 +213,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if ranking is not None:
             from ..view.estimate import ranking_data
 
-            data["ranking"] = ranking_data(ranking)
+            data["ranking"] = {**_workload(args), **ranking_data(ranking)}
         print_json(data)
         return 0
     text = report.render_text(
@@ -218,6 +225,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         text = ranking_text(ranking) + "\n\n" + text
     print(text + (f"\n\nsvg        wrote {args.svg}" if args.svg else ""))
     return 0
+
+
+def _workload(args: argparse.Namespace) -> dict[str, Any]:
+    """The model `--strategy auto` chose for, and the sequence length it priced."""
+    model = model_from_args(args)
+    assert model is not None  # auto needs --model
+    return {"model": model.name, "seq_len": model.seq_len}
 
 
 def _devices(args: argparse.Namespace) -> tuple[list[Any], str]:

@@ -115,6 +115,7 @@ class CompileReport:
     # in, `stages.resolved`): its MoE path, pipeline micro-batches, repeats and layers.
     train: TrainSpec | None = None
     moe: str | None = None  # a model with experts: the MoE path compiled; else None
+    seq_len: int | None = None  # the sequence length compiled (the model's seq_len)
 
     def bytes_across(self) -> dict[str, int | None]:
         """Collective bytes per step: in all, inside hosts, across hosts and across granules
@@ -234,6 +235,7 @@ def _common(
         hardware=plan.hardware,
         mesh=dict(mesh.shape),
         model=model.name,
+        seq_len=model.seq_len,
         global_batch=train.global_batch,
         remat=train.remat_text,
         attention=attention_kernel(train.attention, platform),

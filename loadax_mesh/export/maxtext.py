@@ -262,6 +262,12 @@ def _model(model: ModelSpec) -> dict[str, str]:
                 f"the MoE models {', '.join(MOE_MODELS)}"
             )
         return {"model_name": MOE_MODELS[model.name], **_resized(model), **keys}
+    if model.sliding_window:  # the keys below spell full attention in every layer
+        raise MeshConfigError(
+            f"model {model.name!r}: sliding_window={model.sliding_window} in a model MaxText "
+            "does not ship has no key in the export yet (MaxText's sliding_window_size is its "
+            "Gemma and GPT-OSS decoder blocks'); accepted: sliding_window=0"
+        )
     if model.attention == "mla":
         raise MeshConfigError(
             f"model {model.name!r}: attention='mla' in a model MaxText does not ship is not "

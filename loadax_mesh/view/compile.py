@@ -33,7 +33,9 @@ def render_report(report: CompileReport, notes: list[str]) -> str:
     mesh = shape_text(report.mesh)
     quantization = report.train.quantization if report.train is not None else "none"
     lines = [
-        f"compiled   {report.model}, global batch {report.global_batch}, remat {report.remat}, "
+        f"compiled   {report.model}"
+        + ("" if report.seq_len is None else f", sequence length {report.seq_len}")
+        + f", global batch {report.global_batch}, remat {report.remat}, "
         f"attention {report.attention}"
         + (f", quantization {quantization}" if quantization != "none" else ""),
         f"hardware   {report.hardware}; mesh {mesh}",

@@ -18,9 +18,10 @@ if TYPE_CHECKING:
     from .ranked import RankingView
 
 
-def auto_note(ranking: RankingView, searched: list[str]) -> str:
+def auto_note(ranking: RankingView, searched: list[str], *, seq_len: int | None = None) -> str:
     """The note under a plan that `--strategy auto` chose: how many meshes, which recipe flags
-    were searched (not given), and the winner's recipe as the command line writes it."""
+    were searched (not given), the model and `seq_len` (the sequence length priced, where
+    given), and the winner's recipe as the command line writes it."""
     what = f" and recipes ({', '.join(searched)} searched)" if searched else ""
     train, moe = ranking[0].train, ranking[0].estimate.moe
     p = ranking[0].estimate.pipeline
@@ -30,15 +31,25 @@ def auto_note(ranking: RankingView, searched: list[str]) -> str:
         else f", pipeline {p.stages} stages, pipeline microbatches {p.microbatches}, pipeline "
         f"repeats {p.repeats} (bubble {p.bubble:.1%})"
     )
+    e = ranking[0].estimate
     return (
-        f"strategy auto: the fastest of {ranking.considered} meshes{what}; recipe remat "
+        f"strategy auto: the fastest of {ranking.considered} meshes{what} for "
+        f"{_workload(e.model, seq_len, e.global_batch)}; recipe remat "
         f"{train.remat_text}, microbatches {train.microbatches}, logits chunks "
         f"{train.logits_chunks}" + (f", moe {moe}" if moe else "") + stages
     )
 
 
+def _workload(model: str, seq_len: int | None, global_batch: int) -> str:
+    """The model and sequences priced, e.g. "llama3-8b, sequence length 8192, global batch 256"
+    (the estimate names its model; the caller gives the sequence length, `seq_len`)."""
+    length = "" if seq_len is None else f", sequence length {seq_len}"
+    return f"{model}{length}, global batch {global_batch}"
+
+
 def ranking_text(ranking: RankingView) -> str:
-    """The ranking as a table: shape, ICI x DCN, memory against HBM, step time, MFU."""
+    """The ranking as a table: shape, ICI x DCN, memory against HBM, step time, MFU; headed by
+    the model and the batch (`auto_note` adds the sequence length, which no estimate holds)."""
     header = ["", "mesh", "ici x dcn", "recipe", "memory", "host", "step", "MFU", "bottleneck"]
     rows: list[list[Any]] = [header]
     for k, c in enumerate(ranking, 1):
@@ -104,9 +115,12 @@ def ranking_text(ranking: RankingView) -> str:
         for text, rows in conditions.items()
     ]
     given = ranking[0].estimate.given if len(ranking) else {}  # the same for every choice
+    first = ranking[0].estimate if len(ranking) else None
+    workload = "" if first is None else f"{_workload(first.model, None, first.global_batch)}: "
     return (
         "".join(f"given      {k} = {v} ({GIVEN})\n" for k, v in given.items())
-        + f"ranking    {ranking.considered} shapes x ICI/DCN splits considered; pruned: {pruned}; "
+        + f"ranking    {workload}{ranking.considered} shapes x ICI/DCN splits considered; pruned: "
+        f"{pruned}; "
         f"{ranking.planned} planned on the real rings{unsearched}{assumed}; recipe: remat x "
         f"micro-batches [/ logits chunks]{moe}{pp}\n{text_table(rows)}"
         + "".join(f"\n           {m}" for m in marks)
@@ -188,8 +202,9 @@ def _precision(e: Estimate) -> str:
     return "" if q == "none" else f", quantization {q}"
 
 
-def estimate_text(e: Estimate, notes: list[str]) -> str:
-    """One estimate's breakdown: memory terms and phases, compute, each axis's collectives."""
+def estimate_text(e: Estimate, notes: list[str], *, seq_len: int | None = None) -> str:
+    """One estimate's breakdown: memory terms and phases, compute, each axis's collectives;
+    headed by the model, `seq_len` (the sequence length it priced, where given) and the batch."""
     mesh = shape_text(e.mesh)
     verdict = "does NOT fit" if e.verdict == DOES_NOT_FIT else e.verdict
     if e.verdict == UNSURE:
@@ -197,7 +212,7 @@ def estimate_text(e: Estimate, notes: list[str]) -> str:
     host = "?" if e.host_memory_bytes is None else size_text(e.host_memory_bytes)
     band = memory_band(e.profile.platform)
     lines = [
-        f"estimate   {e.model}, global batch {e.global_batch} on {e.hardware}",
+        f"estimate   {_workload(e.model, seq_len, e.global_batch)} on {e.hardware}",
         f"recipe     remat {e.remat}, microbatches {e.microbatches}, logits chunks "
         f"{e.logits_chunks}" + (f", moe {e.moe}" if e.moe else "") + _precision(e) + _context(e),
         f"mesh       {mesh}",

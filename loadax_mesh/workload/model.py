@@ -7,6 +7,7 @@ its source.
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import KW_ONLY, MISSING, dataclass, fields
 from typing import Any
@@ -307,6 +308,40 @@ class ModelSpec:
                 f"model={name!r} is not a known model; accepted: {', '.join(names)}"
             )
         return cls.from_toml(str(config_path("models", f"{name}.toml")))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ModelSpec:
+        """A model from a file: a TOML in the catalogue's schema (`from_toml`), or a Hugging Face
+        `config.json` of a family in `hf_config.MODEL_TYPES` (llama, mistral, mixtral, qwen2,
+        qwen3, qwen3_moe, deepseek_v3, gemma2, gemma3 / gemma3_text, gpt_oss; a multimodal
+        config through its `text_config`, the text model alone), its fields mapped as the
+        family defines them (workload/hf_config.py says how, and what is not read).
+
+        A config.json's `seq_len` is its max_position_embeddings, the context the model was
+        built for, not a training run's length: set that with `dataclasses.replace(model,
+        seq_len=N)` (`--seq-len N` on the command line). Its `name` is `_name_or_path`'s last
+        part, else the file's stem (its directory's name for a config.json); `source` the path.
+
+        Args:
+            path: a `.toml` file, or a JSON file (any other name).
+
+        Returns:
+            The `ModelSpec`.
+
+        Raises:
+            MeshConfigError: an unreadable file, an unknown model_type, or a field missing or
+                invalid; the message names the file, the field and what is accepted.
+        """
+        text = os.fspath(path)
+        if text.endswith(".toml"):
+            return cls.from_toml(text)
+        from .hf_config import read_hf_config
+
+        spec = read_hf_config(text)
+        try:
+            return cls(**spec)
+        except MeshConfigError as err:
+            raise MeshConfigError(f"model file {text}: {err}") from None
 
     @classmethod
     def from_toml(cls, path: str) -> ModelSpec:
