@@ -151,7 +151,8 @@ def splash_blocks(seq_len: int, r: Roles) -> tuple[int, int]:
 
 
 # The shape the reference step builds, and with it the cost model prices: every layer dense,
-# grouped-query attention, any of ModelSpec's MLPs (SwiGLU, or two matrices with ReLU or GELU).
+# grouped-query attention, any of ModelSpec's MLPs (SwiGLU, or two matrices with ReLU or GELU),
+# global or local attention (ModelSpec.sliding_window and global_every: the step's cycle.py).
 # (num_heads * head_dim may differ from d_model: the step's projections take heads and head_dim
 # apart; tied embeddings are one table, looked up and transposed for the logits.)
 MODELLED = (("num_experts", 0), ("attention", "gqa"))

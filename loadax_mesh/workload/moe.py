@@ -1,5 +1,5 @@
-"""Mixture-of-experts layers of the reference step (docs/design.md section 11): the layer order
-of dense and MoE stacks, and the MoE block (router, top-k, dispatch, experts, combine).
+"""Mixture-of-experts layers of the reference step (docs/design.md section 11): the MoE block
+(router, top-k, dispatch, experts, combine); the order of dense and MoE layers is cycle.py's.
 
 The block runs under `shard_map` over the whole mesh. Each device routes its own tokens (the
 batch over the batch axes, the sequence over the sequence axis): router logits in float32, a
@@ -48,39 +48,6 @@ from .layout import Roles
 from .spec import ModelSpec, TrainSpec
 
 Params = dict[str, Any]
-Layer = Callable[[jax.Array, Params], tuple[jax.Array, Any]]
-
-
-def scan_layers(layer: Layer, x: jax.Array, params: Params, model: ModelSpec) -> jax.Array:
-    """The model's layers in order over two stacks: `layers/` (dense) and `moe_layers/`.
-
-    Scans need alike layers, so the order is cut into scans that each run one kind: the
-    `first_dense_layers`, then one scan over groups of `moe_every` layers (its body a scan
-    over the group's `moe_every - 1` dense layers, then the MoE layer), then the dense layers
-    left over. One stack per kind keeps the parameters two plain stacks (what the cost model
-    reads), and a model whose MoE layers are every layer (Mixtral, Qwen3) is one scan.
-    """
-    dense = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
-    moe = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("moe_layers/")}
-    first, between, groups = model.first_dense_layers, model.moe_every - 1, model.num_moe_layers
-
-    def take(start: int, stop: int) -> Params:
-        return {k: v[start:stop] for k, v in dense.items()}
-
-    if first:
-        x, _ = jax.lax.scan(layer, x, take(0, first))
-    stop = first + groups * between
-    inner = {k: v.reshape(groups, between, *v.shape[1:]) for k, v in take(first, stop).items()}
-
-    def group(x: jax.Array, g: tuple[Params, Params]) -> tuple[jax.Array, None]:
-        if between:
-            x, _ = jax.lax.scan(layer, x, g[0])
-        return layer(x, g[1])[0], None
-
-    x, _ = jax.lax.scan(group, x, (inner if between else {}, moe))
-    if stop < model.num_layers - groups:
-        x, _ = jax.lax.scan(layer, x, take(stop, model.num_layers - groups))
-    return x
 
 
 def moe_mlp(

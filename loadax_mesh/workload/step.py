@@ -209,8 +209,8 @@ class Step:
             params,
             model=self.model,
             stages=self.stages,
-            layer=self._checkpointed(act),
-            stage_layer=partial(stage._layer, act=stage_act),  # checkpointed there
+            layer=partial(self._checkpointed, act),
+            stage_layer=partial(stage._layer, act=stage_act, window=self._stage_window),
             policy=stage_policy(self.train),
             mesh=self.mesh,
             act=act,
@@ -244,7 +244,7 @@ class Step:
         st, stage = self.stages, self._stage
         assert st is not None
         x = leading(
-            self._checkpointed(self.spec(("batch", "seq", "hidden"))),
+            partial(self._checkpointed, self.spec(("batch", "seq", "hidden"))),
             x,
             params,
             model=self.model,
@@ -261,7 +261,7 @@ class Step:
             st=st,
             mesh=self.mesh,
             act=stage_act,
-            layer=partial(stage._layer, act=stage_act),
+            layer=partial(stage._layer, act=stage_act, window=self._stage_window),
             loss=stage._head,
             shardings=(
                 {k: sh[STAGED + k] for k in weights},
@@ -275,13 +275,21 @@ class Step:
         r = self.roles
         return replace(self, roles=replace(r, batch=tuple(a for a in r.batch if a != r.pipeline)))
 
-    def _checkpointed(self, act: NamedSharding) -> Callable[..., Any]:
-        """The layer, its activations in `act`, under the recipe's checkpoint policy."""
-        layer: Callable[..., Any] = partial(self._layer, act=act)
+    @cached_property
+    def _stage_window(self) -> int:
+        """The window of the pipelined layers (all alike: `stages.pipeline_stages`)."""
+        return self.model.window(self.model.num_layers - 1)
+
+    def _checkpointed(self, act: NamedSharding, window: int = 0) -> Callable[..., Any]:
+        """The layer over `window` (0: global), its activations in `act`, under the recipe's
+        checkpoint policy."""
+        layer: Callable[..., Any] = partial(self._layer, act=act, window=window)
         policy = remat_policy(self.train)
         return layer if policy is None else jax.checkpoint(layer, policy=policy)
 
-    def _layer(self, x: jax.Array, p: Params, *, act: NamedSharding) -> tuple[jax.Array, None]:
+    def _layer(
+        self, x: jax.Array, p: Params, *, act: NamedSharding, window: int = 0
+    ) -> tuple[jax.Array, None]:
         # The layer's input named inside the checkpointed function: a policy may then offload
         # it (MaxText's decoder_layer_input); everything below reads the named value.
         x = checkpoint_name(x, "layer_input")
@@ -293,8 +301,9 @@ class Step:
             # collective, as in a sequential layer (attention first: one each;
             # docs/notes/2026-11-26-maxtext-2023-parallel-block.md).
             down = self._mlp(h, p)
-            return jax.lax.with_sharding_constraint(x + (self._attention(h, p) + down), act), None
-        x = jax.lax.with_sharding_constraint(x + self._attention(h, p), act)
+            out = self._attention(h, p, window) + down
+            return jax.lax.with_sharding_constraint(x + out, act), None
+        x = jax.lax.with_sharding_constraint(x + self._attention(h, p, window), act)
         h = _rms_norm(x, p["mlp_norm"])
         if "router" in p:  # a MoE layer (moe.py)
             mix = moe_mlp(
@@ -303,9 +312,9 @@ class Step:
             return jax.lax.with_sharding_constraint(x + checkpoint_name(mix, "mlp_out"), act), None
         return jax.lax.with_sharding_constraint(x + self._mlp(h, p), act), None
 
-    def _attention(self, h: jax.Array, p: Params) -> jax.Array:
-        """The attention sublayer of the normed residual `h`, through its output projection
-        (named `out_proj`)."""
+    def _attention(self, h: jax.Array, p: Params, window: int) -> jax.Array:
+        """The attention sublayer of the normed residual `h` over `window` (0: global),
+        through its output projection (named `out_proj`)."""
         if self.model.attention == "mla":
             q, k, v = self._latent_qkv(h, p)
         else:
@@ -318,7 +327,9 @@ class Step:
             )
             sin, cos = rotary(self.model.seq_len, self.model.head_dim)
             q, k = rotate(q, sin, cos), rotate(k, sin, cos)
-        o = attention(q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles)
+        o = attention(
+            q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles, window=window
+        )
         o = checkpoint_name(o, "attention_out")
         return checkpoint_name(self._matmul("bshk,hkd->bsd", o, p["wo"]), "out_proj")
 
