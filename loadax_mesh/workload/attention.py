@@ -13,11 +13,14 @@ holds its queries and gathers the keys and values over the axis each layer (the 
 transpose reduce-scatters their gradients). Its queries then sit at positions that are not
 those of the gathered keys' first rows, so masks are built from positions: each token slot's
 position (`positions`, context.py's order: contiguous, or load-balanced) rather than from the
-diagonal of the query block.
+diagonal of the query block. `context_strategy` "ring" passes key and value blocks round
+the axis instead (`ring`, the call site of ring.py's kernel).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from typing import Literal
 
 import jax
@@ -26,6 +29,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..errors import MeshConfigError
 from ..hardware.traits import attention_kernel
 from .kernels import shard_map_mesh
 from .layout import Roles
@@ -42,9 +46,13 @@ def attention(
     roles: Roles,
     window: int = 0,
     positions: np.ndarray | None = None,
+    strategy: str = "all_gather",
 ) -> jax.Array:
     """Attention of `kind` ("flash" or "plain") with the step's mesh and sharding roles over
-    `window` (0: global); `positions`: each token slot's position (None: contiguous)."""
+    `window` (0: global); `positions`: each token slot's position (None: contiguous);
+    `strategy`: how a `seq` axis reaches the other shards' keys (TrainSpec.context_strategy)."""
+    if strategy == "ring" and roles.size("seq") > 1:
+        return ring(q, k, v, mesh, roles, window=window, positions=positions)
     runs = attention_kernel(kind, mesh.devices.flat[0].platform)
     if runs == "splash":
         return splash(q, k, v, mesh, roles, window=window, positions=positions)
@@ -132,6 +140,50 @@ def _fused(
     return run(q, k, v, at, at)
 
 
+def ring(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mesh: Mesh,
+    r: Roles,
+    *,
+    window: int,
+    positions: np.ndarray | None,
+) -> jax.Array:
+    """`context_strategy="ring"`: `ring.ring_attention(q, k, v, positions=..., window=...,
+    axis_name=...)` on each device under a `shard_map` manual over every axis. It takes the
+    device's own q, k, v ([rows, seq / c, heads or kv_heads, head_dim], values possibly
+    narrower), its slots' positions [seq / c] (the positions of its queries, and of the key
+    and value block it starts with), the layer's window (0: global) and the name of the `seq`
+    axis round which it passes key and value blocks; it returns q's shape with v's head_dim.
+    Until ring.py is in the step the strategy is refused."""
+    name = f"{__package__}.ring"
+    if importlib.util.find_spec(name) is None:
+        raise MeshConfigError(
+            "context_strategy='ring' is not in the reference step yet (its ring attention, "
+            "loadax_mesh/workload/ring.py, is being written); accepted: "
+            "context_strategy='all_gather'"
+        )
+    module = importlib.import_module(name)
+    q_spec = P(*r.mesh_axes(("batch", "seq", "heads", None)))
+    kv_spec = P(*r.mesh_axes(("batch", "seq", "kv_heads", None)))
+
+    def local(q: jax.Array, k: jax.Array, v: jax.Array, at: jax.Array) -> jax.Array:
+        out: jax.Array = module.ring_attention(
+            q, k, v, positions=at, window=window, axis_name=r.seq
+        )
+        return out
+
+    run = jax.shard_map(
+        local,
+        **shard_map_mesh(mesh),
+        in_specs=(q_spec, kv_spec, kv_spec, P(r.seq)),
+        out_specs=q_spec,
+        check_vma=False,
+    )
+    return run(q, k, v, _positions(q.shape[1], positions))
+
+
 def _plain(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array) -> jax.Array:
     b, s, h, d = q.shape
     groups = h // k.shape[2]
@@ -142,11 +194,17 @@ def _plain(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array) -> jax.Arr
     return jnp.einsum("bkgqs,bskd->bqkgd", weights, v).reshape(b, s, h, v.shape[-1])
 
 
-def rotary(seq_len: int, head_dim: int) -> tuple[jax.Array, jax.Array]:
-    """The rotary position embedding's sin and cos [seq_len, head_dim / 2] (base 10000)."""
+def rotary(positions: int | np.ndarray, head_dim: int) -> tuple[jax.Array, jax.Array]:
+    """The rotary position embedding's sin and cos [seq, head_dim / 2] (base 10000) at each
+    token slot's position (`positions`, context.py's order; an int n: 0 .. n - 1)."""
     half = head_dim // 2
     freq = 10000.0 ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freq[None, :]
+    at = (
+        jnp.arange(positions, dtype=jnp.float32)
+        if isinstance(positions, int)
+        else jnp.asarray(positions, dtype=jnp.float32)
+    )
+    angle = at[:, None] * freq[None, :]
     return jnp.sin(angle), jnp.cos(angle)
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..errors import MeshConfigError
+from .modelled import MODELLED as MODELLED
+from .modelled import check_modelled as check_modelled
 from .spec import ModelSpec, TrainSpec
 from .stages import Stages, pipeline_stages
 from .zero import check_optimizer_over_data
@@ -150,50 +152,6 @@ def splash_blocks(seq_len: int, r: Roles) -> tuple[int, int]:
     return min(SPLASH_BLOCK, seq_len // r.size("seq")), min(SPLASH_BLOCK, seq_len)
 
 
-# The shape the reference step builds, and with it the cost model prices: every layer dense,
-# grouped-query attention, any of ModelSpec's MLPs (SwiGLU, or two matrices with ReLU or GELU),
-# global or local attention (ModelSpec.sliding_window and global_every: the step's cycle.py).
-# (num_heads * head_dim may differ from d_model: the step's projections take heads and head_dim
-# apart; tied embeddings are one table, looked up and transposed for the logits.)
-MODELLED = (("num_experts", 0), ("attention", "gqa"))
-
-
-def check_modelled(
-    model: ModelSpec,
-    by: str = "the reference step and the cost model",
-    *,
-    experts: bool = False,
-    latent: bool = False,
-) -> None:
-    """A MeshConfigError for a model whose layers `by` do not build yet (experts, latent
-    attention): refused, not priced or compiled as a model it is not. `experts`: `by` builds
-    MoE layers (the reference step does, moe.py: SwiGLU experts; the cost model prices them,
-    cost/parts/moe.py); `latent`: `by` builds multi-head latent attention (the step, step.py's
-    `_latent_qkv`; the cost model, cost/parts/mla.py)."""
-    accepted = ", ".join(f"{f}={v!r}" for f, v in MODELLED)
-    built_too = {"num_experts": experts, "attention": latent}
-    for field, built in MODELLED:
-        value = getattr(model, field)
-        if value != built and not built_too[field]:
-            raise MeshConfigError(
-                f"model {model.name!r}: {field}={value!r} is not modelled yet by {by}; "
-                f"accepted: dense GQA models ({accepted})"
-                + (", or such models with SwiGLU experts" if experts else "")
-                + (" or latent attention" if latent else "")
-            )
-    if model.parallel_block and (model.num_experts or model.attention != "gqa"):
-        raise MeshConfigError(
-            f"model {model.name!r}: parallel_block=True with num_experts={model.num_experts}, "
-            f"attention={model.attention!r} is not modelled yet by {by}; accepted: a parallel "
-            "block in a dense GQA model"
-        )
-    if experts and model.num_experts and model.mlp != "swiglu":
-        raise MeshConfigError(
-            f"model {model.name!r}: mlp={model.mlp!r} with num_experts={model.num_experts} is "
-            f"not modelled yet by {by}; accepted: SwiGLU experts (mlp='swiglu')"
-        )
-
-
 def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]:
     """Every parameter: its shape and logical axes. Layer weights are stacked on a leading dim
     (a scan runs over it): `layers/` the dense layers (all `num_layers` of a dense model),
@@ -312,8 +270,9 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
             f"(global_batch {train.global_batch} over the data-parallel degree {batch}); "
             f"accepted: a divisor of {rows}"
         )
-    tokens = model.seq_len // r.size("seq") if model.seq_len % r.size("seq") == 0 else None
-    if tokens is not None and tokens % train.logits_chunks:
+    check_sequence(model, train, r)
+    tokens = model.seq_len // r.size("seq")
+    if tokens % train.logits_chunks:
         raise MeshConfigError(
             f"logits_chunks={train.logits_chunks} does not divide a device's slice of the "
             f"sequence, {tokens} tokens (seq_len {model.seq_len} over the sequence degree "
@@ -328,7 +287,6 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
             ("d_model", model.d_model),  # the residual stream's hidden dim
         ),
         "fsdp": (("d_model", model.d_model),),
-        "seq": (("seq_len", model.seq_len),),
     }
     if model.num_experts:
         dims["model"] += (("moe_d_ff", model.moe_d_ff),)
@@ -359,6 +317,27 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
             "whose size divides num_experts (or none: the experts then sit on fsdp by d_model)"
         )
     return st
+
+
+def check_sequence(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
+    """The sequence divides into the chunks the `seq` axis holds: 2 x seq under
+    `context_load_balance` (device i holds chunks i and 2 seq - 1 - i, workload/context.py),
+    seq otherwise."""
+    seq = r.size("seq")
+    balanced = train.context_load_balance and seq > 1
+    chunks = 2 * seq if balanced else seq
+    if model.seq_len % chunks:
+        how = (
+            f"context_load_balance=True cuts it into 2 x {seq} chunks"
+            if balanced
+            else f"{chunks} chunks, one a device"
+        )
+        raise MeshConfigError(
+            f"model {model.name!r}: seq_len={model.seq_len} does not divide over the seq axis "
+            f"{r.seq!r} of size {seq} ({how}); accepted: a seq_len that is a multiple of "
+            f"{chunks}"
+            + (", or context_load_balance=False" if balanced and model.seq_len % seq == 0 else "")
+        )
 
 
 def regathered(model: ModelSpec, train: TrainSpec, roles: Roles) -> tuple[str, ...]:

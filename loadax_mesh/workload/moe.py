@@ -51,11 +51,19 @@ Params = dict[str, Any]
 
 
 def moe_mlp(
-    h: jax.Array, p: Params, *, mesh: Mesh, roles: Roles, model: ModelSpec, train: TrainSpec
+    h: jax.Array,
+    p: Params,
+    *,
+    mesh: Mesh,
+    roles: Roles,
+    model: ModelSpec,
+    train: TrainSpec,
+    positions: Any = None,
 ) -> jax.Array:
     """The MoE block's output for the normed residual `h` [batch, seq, d_model]: the routed
     experts' weighted sum (in the residual stream's sharding, d_model over the tensor axis),
-    plus the shared experts'."""
+    plus the shared experts'. `positions`: each token slot's position in the sequence (the
+    step's order, context.py; None: the sequence's own), which balanced routing reads."""
     cdt = h.dtype
     ep = roles.size("expert")
     exp = roles.expert if ep > 1 else None
@@ -78,6 +86,7 @@ def moe_mlp(
         ep=ep,
         axes=(exp, mlp, roles.batch, roles.seq),
         gathers=gathers,
+        positions=positions,
         matmul=grouped_matmul(mesh.devices.flat[0].platform, train.quantization),
     )
     routed = jax.shard_map(
@@ -127,6 +136,7 @@ def _local(
     ep: int,
     axes: tuple[str | None, str | None, tuple[str, ...], str | None],
     gathers: tuple[Any, Any],
+    positions: Any,
     matmul: GroupedMatmul,
 ) -> jax.Array:
     """One device's share of the block: its tokens [b, s, d] routed, dispatched, computed by
@@ -141,7 +151,9 @@ def _local(
     b, s, d = x.shape
     k, n = model.experts_per_token, model.num_experts
     flat_x = x.reshape(b * s, d)
-    experts, weights = _route(flat_x, router, model, train, _balanced(b, s, batch_axes, seq, k, n))
+    experts, weights = _route(
+        flat_x, router, model, train, _balanced(b, s, batch_axes, seq, k, n, positions)
+    )
     # Token copies sorted by expert (stable: each expert's copies in token order).
     copies = experts.reshape(-1)
     order = jnp.argsort(copies, stable=True)
@@ -168,11 +180,18 @@ def _gather(w: jax.Array, axes: Any, dim: int) -> jax.Array:
 
 
 def _balanced(
-    b: int, s: int, batch_axes: tuple[str, ...], seq: str | None, k: int, n: int
+    b: int,
+    s: int,
+    batch_axes: tuple[str, ...],
+    seq: str | None,
+    k: int,
+    n: int,
+    positions: Any,
 ) -> Callable[[], jax.Array]:
     """The balanced experts of this device's tokens [b * s, k]: ((global index) * k + j) mod
     E, the global index row-major over the whole batch (this device's block found by its
-    position on the batch and sequence axes)."""
+    position on the batch and sequence axes; a token's column its position in the sequence,
+    `positions` of its slot under the load-balanced order)."""
 
     def experts() -> jax.Array:
         row0 = jax.lax.axis_index(batch_axes) * b
@@ -180,6 +199,8 @@ def _balanced(
         total_seq = s * (jax.lax.axis_size(seq) if seq is not None else 1)
         rows = row0 + jnp.arange(b)[:, None]
         cols = col0 + jnp.arange(s)[None, :]
+        if positions is not None:
+            cols = jnp.asarray(positions)[cols]
         index = (rows * total_seq + cols).reshape(-1, 1)
         return ((index * k + jnp.arange(k)[None, :]) % n).astype(jnp.int32)
 
