@@ -1,18 +1,20 @@
 """How the reference step lays a model over a mesh: parameter shapes with logical axes, and the
 rules that map logical axes to the plan's mesh axes. Pure Python: the cost model reads it too.
 
-Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis (and the expert axis, which
-acts as FSDP outside the experts, as in MaxText); `heads`, `kv_heads`, `mlp` and `vocab` -> the
+Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis, the sequence axis (context
+parallelism shards the model as FSDP does) and the expert axis (which acts as FSDP outside the
+experts, as in MaxText): `Roles.weight_axes`; `heads`, `kv_heads`, `mlp` and `vocab` -> the
 tensor-parallel axis; `lora` (latent attention's ranks) as `embed`; `exp` (the expert dim of MoE
-weights) -> the expert axis; `embed_no_exp` (the d_model dim of expert weights) -> the FSDP axis,
-as MaxText's rules shard them (without an expert axis the experts sit on fsdp by their d_model,
-which divides where the expert count need not: Mixtral's 8 experts over fsdp 64, DeepSeek-V3's
-256 over fsdp 512). Activations: `batch` -> the batch axes, `seq` -> the sequence axis, `hidden`
-(the d_model dim of the residual stream between the layer's blocks) -> the tensor-parallel axis,
-as MaxText's `activation_embed` shards it: what a layer saves of it is cut by the tensor degree
-too. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's. The `pipeline` axis
-holds pipeline stages (stages.py): the logical `stage` dim of the pipelined weights; it is no
-batch axis of the plan, but outside the pipelined layers the step runs it as one.
+weights) -> the expert axis; `embed_no_exp` (the d_model dim of expert weights) -> the FSDP and
+sequence axes, as MaxText's rules shard them (without an expert axis the experts sit on fsdp by
+their d_model, which divides where the expert count need not: Mixtral's 8 experts over fsdp 64,
+DeepSeek-V3's 256 over fsdp 512). Activations: `batch` -> the batch axes, `seq` -> the sequence
+axis, `hidden` (the d_model dim of the residual stream between the layer's blocks) -> the
+tensor-parallel axis, as MaxText's `activation_embed` shards it: what a layer saves of it is cut
+by the tensor degree too. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's.
+The `pipeline` axis holds pipeline stages (stages.py): the logical `stage` dim of the pipelined
+weights; it is no batch axis of the plan, but outside the pipelined layers the step runs it as
+one.
 """
 
 from __future__ import annotations
@@ -81,12 +83,13 @@ class Roles:
 
     def mesh_axes(self, logical: Logical) -> tuple[str | tuple[str, ...] | None, ...]:
         """A PartitionSpec's entries for an array with these logical axes."""
-        embed = tuple(a for a in (self.fsdp, self.expert) if a is not None)
+        embed = self.weight_axes
+        no_exp = tuple(a for a in embed if a != self.expert)
         table: dict[str, str | tuple[str, ...] | None] = {
             "embed": embed[0] if len(embed) == 1 else (embed or None),
             "lora": embed[0] if len(embed) == 1 else (embed or None),
             "exp": self.expert,
-            "embed_no_exp": self.fsdp,
+            "embed_no_exp": no_exp[0] if len(no_exp) == 1 else (no_exp or None),
             "heads": self.model,
             "kv_heads": self.model,
             "mlp": self.model,
@@ -97,6 +100,15 @@ class Roles:
             "stage": self.pipeline,
         }
         return tuple(None if name is None else table[name] for name in logical)
+
+    @cached_property
+    def weight_axes(self) -> tuple[str, ...]:
+        """The mesh axes that cut the weights' d_model (`embed`), in order: FSDP's, the
+        sequence axis where it splits the sequence (context parallelism shards the model as
+        FSDP does: MaxText's `context` axis, torchtitan's dp_shard x cp), and the expert axis
+        (FSDP outside the experts)."""
+        seq = self.seq if self.seq is not None and self.size("seq") > 1 else None
+        return tuple(a for a in (self.fsdp, seq, self.expert) if a is not None)
 
     def shards(self, logical: Logical) -> int:
         """Into how many pieces an array with these logical axes is cut."""
@@ -305,10 +317,12 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     for field in sharded_as_d_model:
         value = getattr(model, field)
         if value % r.shards(("embed",)):
+            sizes = dict(r.sizes)
+            axes = " x ".join(f"{a!r} {sizes[a]}" for a in r.weight_axes if sizes[a] > 1)
             raise MeshConfigError(
-                f"model {model.name!r}: {field}={value} does not divide over the fsdp and "
-                f"expert axes together ({r.shards(('embed',))} shards); accepted: axes whose "
-                f"sizes' product divides {field}"
+                f"model {model.name!r}: {field}={value} does not divide over the fsdp, seq and "
+                f"expert axes together ({r.shards(('embed',))} shards: {axes}), which shard "
+                f"the weights' d_model; accepted: axes whose sizes' product divides {field}"
             )
     if model.num_experts and model.num_experts % r.size("expert"):
         raise MeshConfigError(
@@ -344,13 +358,14 @@ def regathered(model: ModelSpec, train: TrainSpec, roles: Roles) -> tuple[str, .
     """The projections (query, key, value) whose backward pass, where the compiler wants it
     (`PlatformTraits.regathers_attention_weights`), gathers the weight again rather than
     holding the gathered copy the recompute made: those the pass recomputes, where the weights
-    are gathered (over fsdp, or an expert axis acting as fsdp), in grouped-query attention of a
-    sequential layer. MaxText's step does so; libtpu otherwise keeps the three gathered weights
-    through the MLP's recompute and backward (0.9 GB on GPT-3 175B at fsdp 256). Not in a
-    parallel block, whose MLP is differentiated beside the attention: there (MaxText-2023 128B,
-    fsdp 16 x tensor 16) libtpu then gathers the MLP's weights 13 times a layer, not 4, and
-    assigns more (docs/notes/2026-11-26-maxtext-2023-parallel-block.md)."""
-    gathered = roles.size("fsdp") * roles.size("expert") > 1
+    are gathered (over fsdp, or a sequence or expert axis acting as fsdp: `Roles.weight_axes`),
+    in grouped-query attention of a sequential layer. MaxText's step does so; libtpu otherwise
+    keeps the three gathered weights through the MLP's recompute and backward (0.9 GB on GPT-3
+    175B at fsdp 256). Not in a parallel block, whose MLP is differentiated beside the
+    attention: there (MaxText-2023 128B, fsdp 16 x tensor 16) libtpu then gathers the MLP's
+    weights 13 times a layer, not 4, and assigns more
+    (docs/notes/2026-11-26-maxtext-2023-parallel-block.md)."""
+    gathered = roles.shards(("embed",)) > 1
     if model.attention != "gqa" or model.parallel_block or not gathered:
         return ()
     return tuple(t for t in ("query", "key", "value") if train.placements[t] == "recompute")

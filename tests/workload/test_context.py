@@ -131,3 +131,34 @@ def test_all_gather_on_the_plain_path_trains_like_one_device(model):
     np.testing.assert_allclose(
         got, train_losses(single, batch_axes=("data",), model=model, **spec), rtol=1e-5
     )
+
+
+# -- the seq axis shards the model as fsdp does ---------------------------------------------
+
+
+def test_the_seq_axis_shards_weights_and_moments_as_fsdp_does():
+    """Every weight's d_model dim over fsdp and seq (MaxText's context axis, torchtitan's
+    dp_shard x cp): context parallelism does not replicate the model."""
+    mesh = MeshConfig((2, 4), ("fsdp", "seq"), batch_axis_names=("fsdp",)).create_device_mesh()
+    step = make_step(mesh, TINY, TrainSpec(global_batch=8), batch_axes="fsdp")
+    for name, (_, axes) in step.shapes.items():
+        spec = step.param_shardings[name].spec
+        assert step.opt_shardings[name].spec == spec
+        want = tuple(("fsdp", "seq") if a == "embed" else None for a in axes)
+        assert tuple(spec) == want, (name, spec)
+    assert step.roles.weight_axes == ("fsdp", "seq")
+    # a seq axis of size 1 shards nothing
+    one = MeshConfig((8, 1), ("fsdp", "seq"), batch_axis_names=("fsdp",)).create_device_mesh()
+    flat = make_step(one, TINY, TrainSpec(global_batch=8), batch_axes="fsdp")
+    assert tuple(flat.param_shardings["layers/wq"].spec) == (None, "fsdp", None, None)
+
+
+def test_a_d_model_the_fsdp_and_seq_axes_do_not_divide_is_refused():
+    mesh = MeshConfig((2, 4), ("fsdp", "seq"), batch_axis_names=("fsdp",)).create_device_mesh()
+    with pytest.raises(
+        MeshConfigError,
+        match=r"model 'tiny': d_model=132 does not divide over the fsdp, seq and expert axes "
+        r"together \(8 shards: 'fsdp' 2 x 'seq' 4\), which shard the weights' d_model; "
+        r"accepted: axes whose sizes' product divides d_model",
+    ):
+        make_step(mesh, replace(TINY, d_model=132), TrainSpec(global_batch=8), batch_axes="fsdp")
