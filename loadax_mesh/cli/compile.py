@@ -4,6 +4,7 @@ compiled for a plan, with what the compiler says), as text or JSON."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import threading
 import time
@@ -44,19 +45,47 @@ def compile_command(
 ) -> int:
     """Compile the step the flags describe (`chosen`: `--strategy auto`'s recipe) for `plan`."""
     from ..compiler.report import compile_step
+    from ..errors import MeshConfigError
     from ..view.compile import render_report
     from .args import model_notes
     from .cost import given_facts, specs
 
     model, train = specs(args, chosen)
     notes = [*notes, *model_notes(args)]
-    with _progress(f"compiling {model.name} for {plan.hardware}"):
-        report = compile_step(plan, model, train, facts=given_facts(args))
+    try:
+        with _progress(f"compiling {model.name} for {plan.hardware}"):
+            report = compile_step(plan, model, train, facts=given_facts(args))
+    except MeshConfigError:
+        raise
+    except Exception as err:  # the compiler's own failure: one line, no traceback
+        from .main import PROG
+
+        mesh = " x ".join(f"{a} {n}" for a, n in plan.shape.items())
+        print(
+            f"{PROG}: error: compiling {model.name} (seq_len {model.seq_len}) for "
+            f"{plan.hardware} on the mesh {mesh} failed: {compiler_reason(err)}",
+            file=sys.stderr,
+        )
+        return 1
     if args.format == "json":
         print_json({**report.to_dict(), "notes": notes})
     else:
         print(render_report(report, notes))
     return 0
+
+
+def compiler_reason(err: BaseException) -> str:
+    """The compiler's reason for a failed compile, on one line: the last Python exception
+    its message carries (jax's custom partitioners report theirs inside XLA's error), else
+    the message's first line, with the error's type."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    raised = [line for line in lines if _RAISED.match(line)]
+    reason = raised[-1] if raised else f"{type(err).__name__}: {lines[0] if lines else err!r}"
+    return reason if len(reason) <= 400 else reason[:397] + "..."
+
+
+# A line that names a raised exception, as a traceback's last line does.
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): \S")
 
 
 @contextmanager

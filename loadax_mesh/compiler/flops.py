@@ -279,12 +279,16 @@ def attention_flops(call: Instruction) -> int | None:
     and O = PV (2 Dv); a backward call recomputes S (2 Dqk) and does dV = P^T dO, dP = dO V^T
     (2 Dv each), dQ = dS K and dK = dS^T Q (2 Dqk each). Pairs a mask removes are not counted:
     a causal mask keeps query i with keys 0..i, Sq(Sq+1)/2 of Sq^2 pairs when Sq = Skv (cuDNN
-    skips the blocks above the diagonal; XLA's own attention computes and counts the square).
-    None for masks that depend on data (padding), sliding windows, or an unreadable call."""
+    skips the blocks above the diagonal; XLA's own attention computes and counts the square),
+    and with a sliding window W keys i - W + 1 .. i (the blocks outside the band skipped too).
+    A mask given as a bias (the step's masks from positions) keeps every pair: the kernel
+    computes them all. None for masks that depend on data (padding), a sliding window
+    without the causal mask or off the square, or an unreadable call."""
     config = _backend_config(call).get("cudnn_fmha_backend_config", {})
     scores = [int(d) for d in config.get("intermediate_tensor_shape", {}).get("dimensions", [])]
     arrays = [math.prod(dims) for dims in operand_dims(call)]
-    if len(scores) != 4 or len(arrays) < 3 or int(config.get("sliding_window_length", 0)):
+    window = int(config.get("sliding_window_length", 0))
+    if len(scores) != 4 or len(arrays) < 3:
         return None
     b, h, sq, skv = scores
     q, k, v = arrays[:3]
@@ -294,7 +298,12 @@ def attention_flops(call: Instruction) -> int | None:
     if not dqk or not dv:
         return None
     mask = config.get("mask_type", "NO_MASK")
-    if mask == "NO_MASK":
+    if window and (mask != "CAUSAL" or sq != skv):
+        return None
+    if window:
+        w = min(window, sq)
+        pairs = w * (w + 1) // 2 + (sq - w) * w
+    elif mask == "NO_MASK":
         pairs = sq * skv
     elif mask == "CAUSAL":  # query i sees keys 0..i
         pairs = sq * (sq + 1) // 2 if sq <= skv else skv * (skv + 1) // 2 + (sq - skv) * skv

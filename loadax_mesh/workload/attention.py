@@ -1,134 +1,210 @@
-"""Causal grouped-query attention, as production trainers run it per platform.
+"""Causal grouped-query attention, global or local, as production trainers run it per platform.
 
-`flash`: on TPU, jax's splash-attention Pallas kernel under `shard_map` (heads over the tensor
-axis, query blocks over the sequence axis, keys and values gathered along the sequence); on GPU
+`flash`: on TPU, jax's splash-attention Pallas kernel (splash.py); on GPU
 `jax.nn.dot_product_attention` with cuDNN; elsewhere the same function's XLA path. `plain`:
 the score matrix written out in float32. q is [batch, seq, heads, head_dim], k and v
 [batch, seq, kv_heads, head_dim] (v's head_dim may be narrower: latent attention's); the result
-has q's shape with v's head_dim.
+has q's shape with v's head_dim. A layer's `window` > 0 makes it local: each query sees itself
+and the `window` - 1 keys before it (cuDNN's sliding window, splash's local mask, the XLA
+path's local window, a masked score matrix); 0 is the whole causal prefix.
+
+With a `seq` axis (context parallelism, TrainSpec.context_strategy "all_gather") each device
+holds its queries and gathers the keys and values over the axis each layer (the gather's
+transpose reduce-scatters their gradients). Its queries then sit at positions that are not
+those of the gathered keys' first rows, so masks are built from positions: each token slot's
+position (`positions`, context.py's order: contiguous, or load-balanced) rather than from the
+diagonal of the query block. `context_strategy` "ring" passes key and value blocks round
+the axis instead (`ring`, the call site of ring.py's kernel).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..errors import MeshConfigError
 from ..hardware.traits import attention_kernel
 from .kernels import shard_map_mesh
-from .layout import Roles, splash_blocks
+from .layout import Roles
+from .splash import splash
 
 
 def attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, *, kind: str, mesh: Mesh, roles: Roles
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    kind: str,
+    mesh: Mesh,
+    roles: Roles,
+    window: int = 0,
+    positions: np.ndarray | None = None,
+    strategy: str = "all_gather",
 ) -> jax.Array:
-    """Attention of `kind` ("flash" or "plain") with the step's mesh and sharding roles."""
+    """Attention of `kind` ("flash" or "plain") with the step's mesh and sharding roles over
+    `window` (0: global); `positions`: each token slot's position (None: contiguous);
+    `strategy`: how a `seq` axis reaches the other shards' keys (TrainSpec.context_strategy)."""
+    if strategy == "ring" and roles.size("seq") > 1:
+        return ring(q, k, v, mesh, roles, window=window, positions=positions)
     runs = attention_kernel(kind, mesh.devices.flat[0].platform)
     if runs == "splash":
-        return _splash(q, k, v, mesh, roles)
-    # Keys and values whole along the sequence: an all-gather over the sequence axis.
-    kv = NamedSharding(mesh, P(*roles.mesh_axes(("batch", None, "kv_heads", None))))
-    k, v = (jax.lax.with_sharding_constraint(a, kv) for a in (k, v))
+        return splash(q, k, v, mesh, roles, window=window, positions=positions)
     if runs == "plain":
-        return _plain(q, k, v)
+        # Keys and values whole along the sequence: an all-gather over the sequence axis.
+        kv = NamedSharding(mesh, P(*roles.mesh_axes(("batch", None, "kv_heads", None))))
+        k, v = (jax.lax.with_sharding_constraint(a, kv) for a in (k, v))
+        at = _positions(q.shape[1], positions)
+        return _plain(q, k, v, allowed(at, at, window))
     # jax's function takes values as wide as the keys: latent attention's narrower values are
     # padded with zeros, which add zero columns to the output, cut off again.
     width = v.shape[-1]
     v = jnp.pad(v, ((0, 0),) * 3 + ((0, q.shape[-1] - width),))
-    return _fused(q, k, v, mesh, roles, cudnn=runs == "cudnn")[..., :width]
+    out = _fused(q, k, v, mesh, roles, cudnn=runs == "cudnn", window=window, positions=positions)
+    return out[..., :width]
+
+
+def allowed(q_pos: jax.Array, kv_pos: jax.Array, window: int) -> jax.Array:
+    """Which keys each query sees [queries, keys]: those at or before its position, and with a
+    `window`, after its position less the window."""
+    seen = kv_pos[None, :] <= q_pos[:, None]
+    if window:
+        seen &= kv_pos[None, :] > q_pos[:, None] - window
+    return seen
+
+
+def _positions(seq_len: int, positions: np.ndarray | None) -> jax.Array:
+    return jnp.arange(seq_len) if positions is None else jnp.asarray(positions)
 
 
 def _fused(
-    q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, r: Roles, *, cudnn: bool
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mesh: Mesh,
+    r: Roles,
+    *,
+    cudnn: bool,
+    window: int,
+    positions: np.ndarray | None,
 ) -> jax.Array:
-    """`jax.nn.dot_product_attention` (its cuDNN kernel where `cudnn`). Inside a pipeline
-    stage (a `shard_map` manual over the pipeline axis) jax's custom partitioner for the cuDNN
-    kernel cannot read the stage's partly manual shardings (jax 0.10.2: "'GSPMDSharding'
-    object has no attribute 'spec'"), so there the call runs under a `shard_map` manual over
-    the other axes too, each device on its rows and heads, the sequence whole (how that
-    partitioner splits it); elsewhere the compiler places it."""
+    """`jax.nn.dot_product_attention` (its cuDNN kernel where `cudnn`).
 
-    def kernel(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        if cudnn:
-            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    Without a `seq` axis and outside a pipeline stage the compiler places the call (jax's
+    cuDNN partitioner: each device on its rows and heads), causal or with its local window.
+    Inside a stage (a `shard_map` manual over the pipeline axis) that partitioner cannot read
+    the stage's partly manual shardings (jax 0.10.2: "'GSPMDSharding' object has no attribute
+    'spec'"), and over a `seq` axis it refuses queries sharded unlike the keys ("Query, key
+    and value should have same sharding"): there the call runs under a `shard_map` manual over
+    the other axes too, each device on its rows, heads and queries, the keys and values
+    gathered whole along the sequence, with a mask from positions when the sequence is split
+    (`allowed`: cuDNN's causal mask is the query block's diagonal, right only for the first
+    shard). The XLA path takes the same `shard_map`, so that the CPU tests run the code the GPU
+    step runs."""
+    local = (window - 1, 0) if window else None
+
+    def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *pos: jax.Array) -> jax.Array:
+        how: Literal["cudnn"] | None = "cudnn" if cudnn else None
+        if pos:
+            mask = allowed(pos[0], pos[1], window)[None, None]
+            return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=how)
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, local_window_size=local, implementation=how
+        )
 
     where = shard_map_mesh(mesh)
-    if "axis_names" not in where:
+    split = r.size("seq") > 1
+    if not split and "axis_names" not in where:
         return kernel(q, k, v)
-    # (the XLA path needs no shard_map there; it takes the same one, so that the CPU tests
-    # of the pipelined step's losses run the code the GPU step runs)
-    spec = P(*r.mesh_axes(("batch", None, "heads", None)))
-    run = jax.shard_map(kernel, **where, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
-    return run(q, k, v)
+    q_spec = P(*r.mesh_axes(("batch", "seq", "heads", None)))
+    kv_spec = P(*r.mesh_axes(("batch", None, "heads", None)))
+    if not split:
+        run = jax.shard_map(
+            kernel, **where, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec, check_vma=False
+        )
+        return run(q, k, v)
+    at = _positions(q.shape[1], positions)
+    run = jax.shard_map(
+        kernel,
+        **where,
+        in_specs=(q_spec, kv_spec, kv_spec, P(r.seq), P()),
+        out_specs=q_spec,
+        check_vma=False,
+    )
+    return run(q, k, v, at, at)
 
 
-def _plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def ring(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mesh: Mesh,
+    r: Roles,
+    *,
+    window: int,
+    positions: np.ndarray | None,
+) -> jax.Array:
+    """`context_strategy="ring"`: `ring.ring_attention(q, k, v, positions=..., window=...,
+    axis_name=...)` on each device under a `shard_map` manual over every axis. It takes the
+    device's own q, k, v ([rows, seq / c, heads or kv_heads, head_dim], values possibly
+    narrower), its slots' positions [seq / c] (the positions of its queries, and of the key
+    and value block it starts with), the layer's window (0: global) and the name of the `seq`
+    axis round which it passes key and value blocks; it returns q's shape with v's head_dim.
+    Until ring.py is in the step the strategy is refused."""
+    name = f"{__package__}.ring"
+    if importlib.util.find_spec(name) is None:
+        raise MeshConfigError(
+            "context_strategy='ring' is not in the reference step yet (its ring attention, "
+            "loadax_mesh/workload/ring.py, is being written); accepted: "
+            "context_strategy='all_gather'"
+        )
+    module = importlib.import_module(name)
+    q_spec = P(*r.mesh_axes(("batch", "seq", "heads", None)))
+    kv_spec = P(*r.mesh_axes(("batch", "seq", "kv_heads", None)))
+
+    def local(q: jax.Array, k: jax.Array, v: jax.Array, at: jax.Array) -> jax.Array:
+        out: jax.Array = module.ring_attention(
+            q, k, v, positions=at, window=window, axis_name=r.seq
+        )
+        return out
+
+    run = jax.shard_map(
+        local,
+        **shard_map_mesh(mesh),
+        in_specs=(q_spec, kv_spec, kv_spec, P(r.seq)),
+        out_specs=q_spec,
+        check_vma=False,
+    )
+    return run(q, k, v, _positions(q.shape[1], positions))
+
+
+def _plain(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array) -> jax.Array:
     b, s, h, d = q.shape
     groups = h // k.shape[2]
     qg = q.reshape(b, s, k.shape[2], groups, d)
     scores = jnp.einsum("bqkgd,bskd->bkgqs", qg, k).astype(jnp.float32) * d**-0.5
-    causal = jnp.tril(jnp.ones((s, s), dtype=bool))
-    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(seen, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     return jnp.einsum("bkgqs,bskd->bqkgd", weights, v).reshape(b, s, h, v.shape[-1])
 
 
-def _splash(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, r: Roles) -> jax.Array:
-    from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_kernel as kernels,
-    )
-    from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_mask as masks,
-    )
-
-    _, s, h, d = q.shape
-    q_block, kv_block = splash_blocks(s, r)
-    sizes = kernels.BlockSizes(
-        block_q=q_block,
-        block_kv=kv_block,
-        block_kv_compute=kv_block,
-        block_q_dkv=q_block,
-        block_kv_dkv=kv_block,
-        block_kv_dkv_compute=kv_block,
-        block_q_dq=q_block,
-        block_kv_dq=kv_block,
-    )
-    mask = masks.MultiHeadMask([masks.CausalMask((s, s)) for _ in range(h)])
-    kernel = kernels.make_splash_mha(
-        mask, block_sizes=sizes, head_shards=r.size("model"), q_seq_shards=r.size("seq")
-    )
-    kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(r.model, r.seq)))
-    batch = r.mesh_axes(("batch",))[0]
-    q_spec = P(batch, r.model, r.seq, None)
-    kv_spec = P(batch, r.model, None, None)
-
-    def local(kernel: kernels.SplashAttentionKernel, q: jax.Array, k: jax.Array, v: jax.Array):
-        return jax.vmap(kernel)(q, k, v)
-
-    sharded = jax.shard_map(
-        local,
-        **shard_map_mesh(mesh),  # inside a pipeline stage too
-        in_specs=(kernel_spec, q_spec, kv_spec, kv_spec),
-        out_specs=q_spec,
-        check_vma=False,
-    )
-    heads_first = (0, 2, 1, 3)  # [batch, heads, seq, head_dim], as the kernel takes them
-    out = sharded(
-        kernel,
-        (q * d**-0.5).transpose(heads_first),
-        k.transpose(heads_first),
-        v.transpose(heads_first),
-    )
-    return out.transpose(heads_first)
-
-
-def rotary(seq_len: int, head_dim: int) -> tuple[jax.Array, jax.Array]:
-    """The rotary position embedding's sin and cos [seq_len, head_dim / 2] (base 10000)."""
+def rotary(positions: int | np.ndarray, head_dim: int) -> tuple[jax.Array, jax.Array]:
+    """The rotary position embedding's sin and cos [seq, head_dim / 2] (base 10000) at each
+    token slot's position (`positions`, context.py's order; an int n: 0 .. n - 1)."""
     half = head_dim // 2
     freq = 10000.0 ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freq[None, :]
+    at = (
+        jnp.arange(positions, dtype=jnp.float32)
+        if isinstance(positions, int)
+        else jnp.asarray(positions, dtype=jnp.float32)
+    )
+    angle = at[:, None] * freq[None, :]
     return jnp.sin(angle), jnp.cos(angle)
 
 

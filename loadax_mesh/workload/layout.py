@@ -1,18 +1,20 @@
 """How the reference step lays a model over a mesh: parameter shapes with logical axes, and the
 rules that map logical axes to the plan's mesh axes. Pure Python: the cost model reads it too.
 
-Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis (and the expert axis, which
-acts as FSDP outside the experts, as in MaxText); `heads`, `kv_heads`, `mlp` and `vocab` -> the
+Logical axes: `embed` (the d_model dim of weights) -> the FSDP axis, the sequence axis (context
+parallelism shards the model as FSDP does) and the expert axis (which acts as FSDP outside the
+experts, as in MaxText): `Roles.weight_axes`; `heads`, `kv_heads`, `mlp` and `vocab` -> the
 tensor-parallel axis; `lora` (latent attention's ranks) as `embed`; `exp` (the expert dim of MoE
-weights) -> the expert axis; `embed_no_exp` (the d_model dim of expert weights) -> the FSDP axis,
-as MaxText's rules shard them (without an expert axis the experts sit on fsdp by their d_model,
-which divides where the expert count need not: Mixtral's 8 experts over fsdp 64, DeepSeek-V3's
-256 over fsdp 512). Activations: `batch` -> the batch axes, `seq` -> the sequence axis, `hidden`
-(the d_model dim of the residual stream between the layer's blocks) -> the tensor-parallel axis,
-as MaxText's `activation_embed` shards it: what a layer saves of it is cut by the tensor degree
-too. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's. The `pipeline` axis
-holds pipeline stages (stages.py): the logical `stage` dim of the pipelined weights; it is no
-batch axis of the plan, but outside the pipelined layers the step runs it as one.
+weights) -> the expert axis; `embed_no_exp` (the d_model dim of expert weights) -> the FSDP and
+sequence axes, as MaxText's rules shard them (without an expert axis the experts sit on fsdp by
+their d_model, which divides where the expert count need not: Mixtral's 8 experts over fsdp 64,
+DeepSeek-V3's 256 over fsdp 512). Activations: `batch` -> the batch axes, `seq` -> the sequence
+axis, `hidden` (the d_model dim of the residual stream between the layer's blocks) -> the
+tensor-parallel axis, as MaxText's `activation_embed` shards it: what a layer saves of it is cut
+by the tensor degree too. Axes are recognised by name (ROLE_NAMES); batch axes are the plan's.
+The `pipeline` axis holds pipeline stages (stages.py): the logical `stage` dim of the pipelined
+weights; it is no batch axis of the plan, but outside the pipelined layers the step runs it as
+one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..errors import MeshConfigError
+from .modelled import MODELLED as MODELLED
+from .modelled import check_modelled as check_modelled
 from .spec import ModelSpec, TrainSpec
 from .stages import Stages, pipeline_stages
 from .zero import check_optimizer_over_data
@@ -81,15 +85,13 @@ class Roles:
 
     def mesh_axes(self, logical: Logical) -> tuple[str | tuple[str, ...] | None, ...]:
         """A PartitionSpec's entries for an array with these logical axes."""
-        # The sequence axis shards the weights as fsdp does (MaxText's context axis,
-        # torchtitan's dp_shard x cp): context parallelism never replicates the model.
-        weights = tuple(a for a in (self.fsdp, self.seq) if a is not None)
-        embed = (*weights, self.expert) if self.expert is not None else weights
+        embed = self.weight_axes
+        no_exp = tuple(a for a in embed if a != self.expert)
         table: dict[str, str | tuple[str, ...] | None] = {
             "embed": _entry(embed),
             "lora": _entry(embed),
             "exp": self.expert,
-            "embed_no_exp": _entry(weights),
+            "embed_no_exp": _entry(no_exp),
             "heads": self.model,
             "kv_heads": self.model,
             "mlp": self.model,
@@ -100,6 +102,15 @@ class Roles:
             "stage": self.pipeline,
         }
         return tuple(None if name is None else table[name] for name in logical)
+
+    @cached_property
+    def weight_axes(self) -> tuple[str, ...]:
+        """The mesh axes that cut the weights' d_model (`embed`), in order: FSDP's, the
+        sequence axis where it splits the sequence (context parallelism shards the model as
+        FSDP does: MaxText's `context` axis, torchtitan's dp_shard x cp), and the expert axis
+        (FSDP outside the experts)."""
+        seq = self.seq if self.seq is not None and self.size("seq") > 1 else None
+        return tuple(a for a in (self.fsdp, seq, self.expert) if a is not None)
 
     def shards(self, logical: Logical) -> int:
         """Into how many pieces an array with these logical axes is cut."""
@@ -158,49 +169,6 @@ SPLASH_BLOCK = 512  # splash-attention block size (MaxText's default), or the se
 def splash_blocks(seq_len: int, r: Roles) -> tuple[int, int]:
     """The splash kernel's query and key blocks (a device's query slice when shorter)."""
     return min(SPLASH_BLOCK, seq_len // r.size("seq")), min(SPLASH_BLOCK, seq_len)
-
-
-# The shape the reference step builds, and with it the cost model prices: every layer dense,
-# grouped-query attention, any of ModelSpec's MLPs (SwiGLU, or two matrices with ReLU or GELU).
-# (num_heads * head_dim may differ from d_model: the step's projections take heads and head_dim
-# apart; tied embeddings are one table, looked up and transposed for the logits.)
-MODELLED = (("num_experts", 0), ("attention", "gqa"))
-
-
-def check_modelled(
-    model: ModelSpec,
-    by: str = "the reference step and the cost model",
-    *,
-    experts: bool = False,
-    latent: bool = False,
-) -> None:
-    """A MeshConfigError for a model whose layers `by` do not build yet (experts, latent
-    attention): refused, not priced or compiled as a model it is not. `experts`: `by` builds
-    MoE layers (the reference step does, moe.py: SwiGLU experts; the cost model prices them,
-    cost/parts/moe.py); `latent`: `by` builds multi-head latent attention (the step, step.py's
-    `_latent_qkv`; the cost model, cost/parts/mla.py)."""
-    accepted = ", ".join(f"{f}={v!r}" for f, v in MODELLED)
-    built_too = {"num_experts": experts, "attention": latent}
-    for field, built in MODELLED:
-        value = getattr(model, field)
-        if value != built and not built_too[field]:
-            raise MeshConfigError(
-                f"model {model.name!r}: {field}={value!r} is not modelled yet by {by}; "
-                f"accepted: dense GQA models ({accepted})"
-                + (", or such models with SwiGLU experts" if experts else "")
-                + (" or latent attention" if latent else "")
-            )
-    if model.parallel_block and (model.num_experts or model.attention != "gqa"):
-        raise MeshConfigError(
-            f"model {model.name!r}: parallel_block=True with num_experts={model.num_experts}, "
-            f"attention={model.attention!r} is not modelled yet by {by}; accepted: a parallel "
-            "block in a dense GQA model"
-        )
-    if experts and model.num_experts and model.mlp != "swiglu":
-        raise MeshConfigError(
-            f"model {model.name!r}: mlp={model.mlp!r} with num_experts={model.num_experts} is "
-            f"not modelled yet by {by}; accepted: SwiGLU experts (mlp='swiglu')"
-        )
 
 
 def param_shapes(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], Logical]]:
@@ -321,8 +289,9 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
             f"(global_batch {train.global_batch} over the data-parallel degree {batch}); "
             f"accepted: a divisor of {rows}"
         )
-    tokens = model.seq_len // r.size("seq") if model.seq_len % r.size("seq") == 0 else None
-    if tokens is not None and tokens % train.logits_chunks:
+    check_sequence(model, train, r)
+    tokens = model.seq_len // r.size("seq")
+    if tokens % train.logits_chunks:
         raise MeshConfigError(
             f"logits_chunks={train.logits_chunks} does not divide a device's slice of the "
             f"sequence, {tokens} tokens (seq_len {model.seq_len} over the sequence degree "
@@ -337,7 +306,6 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
             ("d_model", model.d_model),  # the residual stream's hidden dim
         ),
         "fsdp": (("d_model", model.d_model),),
-        "seq": (("seq_len", model.seq_len),),
     }
     if model.num_experts:
         dims["model"] += (("moe_d_ff", model.moe_d_ff),)
@@ -356,10 +324,12 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     for field in sharded_as_d_model:
         value = getattr(model, field)
         if value % r.shards(("embed",)):
+            sizes = dict(r.sizes)
+            axes = " x ".join(f"{a!r} {sizes[a]}" for a in r.weight_axes if sizes[a] > 1)
             raise MeshConfigError(
-                f"model {model.name!r}: {field}={value} does not divide over the fsdp and "
-                f"expert axes together ({r.shards(('embed',))} shards); accepted: axes whose "
-                f"sizes' product divides {field}"
+                f"model {model.name!r}: {field}={value} does not divide over the fsdp, seq and "
+                f"expert axes together ({r.shards(('embed',))} shards: {axes}), which shard "
+                f"the weights' d_model; accepted: axes whose sizes' product divides {field}"
             )
     if model.num_experts and model.num_experts % r.size("expert"):
         raise MeshConfigError(
@@ -370,17 +340,39 @@ def check_fit(model: ModelSpec, train: TrainSpec, r: Roles) -> Stages | None:
     return st
 
 
+def check_sequence(model: ModelSpec, train: TrainSpec, r: Roles) -> None:
+    """The sequence divides into the chunks the `seq` axis holds: 2 x seq under
+    `context_load_balance` (device i holds chunks i and 2 seq - 1 - i, workload/context.py),
+    seq otherwise."""
+    seq = r.size("seq")
+    balanced = train.context_load_balance and seq > 1
+    chunks = 2 * seq if balanced else seq
+    if model.seq_len % chunks:
+        how = (
+            f"context_load_balance=True cuts it into 2 x {seq} chunks"
+            if balanced
+            else f"{chunks} chunks, one a device"
+        )
+        raise MeshConfigError(
+            f"model {model.name!r}: seq_len={model.seq_len} does not divide over the seq axis "
+            f"{r.seq!r} of size {seq} ({how}); accepted: a seq_len that is a multiple of "
+            f"{chunks}"
+            + (", or context_load_balance=False" if balanced and model.seq_len % seq == 0 else "")
+        )
+
+
 def regathered(model: ModelSpec, train: TrainSpec, roles: Roles) -> tuple[str, ...]:
     """The projections (query, key, value) whose backward pass, where the compiler wants it
     (`PlatformTraits.regathers_attention_weights`), gathers the weight again rather than
     holding the gathered copy the recompute made: those the pass recomputes, where the weights
-    are gathered (over fsdp, or an expert axis acting as fsdp), in grouped-query attention of a
-    sequential layer. MaxText's step does so; libtpu otherwise keeps the three gathered weights
-    through the MLP's recompute and backward (0.9 GB on GPT-3 175B at fsdp 256). Not in a
-    parallel block, whose MLP is differentiated beside the attention: there (MaxText-2023 128B,
-    fsdp 16 x tensor 16) libtpu then gathers the MLP's weights 13 times a layer, not 4, and
-    assigns more (docs/notes/2026-11-26-maxtext-2023-parallel-block.md)."""
-    gathered = roles.size("fsdp") * roles.size("expert") > 1
+    are gathered (over fsdp, or a sequence or expert axis acting as fsdp: `Roles.weight_axes`),
+    in grouped-query attention of a sequential layer. MaxText's step does so; libtpu otherwise
+    keeps the three gathered weights through the MLP's recompute and backward (0.9 GB on GPT-3
+    175B at fsdp 256). Not in a parallel block, whose MLP is differentiated beside the
+    attention: there (MaxText-2023 128B, fsdp 16 x tensor 16) libtpu then gathers the MLP's
+    weights 13 times a layer, not 4, and assigns more
+    (docs/notes/2026-11-26-maxtext-2023-parallel-block.md)."""
+    gathered = roles.shards(("embed",)) > 1
     if model.attention != "gqa" or model.parallel_block or not gathered:
         return ()
     return tuple(t for t in ("query", "key", "value") if train.placements[t] == "recompute")

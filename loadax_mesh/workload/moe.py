@@ -1,5 +1,5 @@
-"""Mixture-of-experts layers of the reference step (docs/design.md section 11): the layer order
-of dense and MoE stacks, and the MoE block (router, top-k, dispatch, experts, combine).
+"""Mixture-of-experts layers of the reference step (docs/design.md section 11): the MoE block
+(router, top-k, dispatch, experts, combine); the order of dense and MoE layers is cycle.py's.
 
 The block runs under `shard_map` over the whole mesh. Each device routes its own tokens (the
 batch over the batch axes, the sequence over the sequence axis): router logits in float32, a
@@ -48,47 +48,22 @@ from .layout import Roles
 from .spec import ModelSpec, TrainSpec
 
 Params = dict[str, Any]
-Layer = Callable[[jax.Array, Params], tuple[jax.Array, Any]]
-
-
-def scan_layers(layer: Layer, x: jax.Array, params: Params, model: ModelSpec) -> jax.Array:
-    """The model's layers in order over two stacks: `layers/` (dense) and `moe_layers/`.
-
-    Scans need alike layers, so the order is cut into scans that each run one kind: the
-    `first_dense_layers`, then one scan over groups of `moe_every` layers (its body a scan
-    over the group's `moe_every - 1` dense layers, then the MoE layer), then the dense layers
-    left over. One stack per kind keeps the parameters two plain stacks (what the cost model
-    reads), and a model whose MoE layers are every layer (Mixtral, Qwen3) is one scan.
-    """
-    dense = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
-    moe = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("moe_layers/")}
-    first, between, groups = model.first_dense_layers, model.moe_every - 1, model.num_moe_layers
-
-    def take(start: int, stop: int) -> Params:
-        return {k: v[start:stop] for k, v in dense.items()}
-
-    if first:
-        x, _ = jax.lax.scan(layer, x, take(0, first))
-    stop = first + groups * between
-    inner = {k: v.reshape(groups, between, *v.shape[1:]) for k, v in take(first, stop).items()}
-
-    def group(x: jax.Array, g: tuple[Params, Params]) -> tuple[jax.Array, None]:
-        if between:
-            x, _ = jax.lax.scan(layer, x, g[0])
-        return layer(x, g[1])[0], None
-
-    x, _ = jax.lax.scan(group, x, (inner if between else {}, moe))
-    if stop < model.num_layers - groups:
-        x, _ = jax.lax.scan(layer, x, take(stop, model.num_layers - groups))
-    return x
 
 
 def moe_mlp(
-    h: jax.Array, p: Params, *, mesh: Mesh, roles: Roles, model: ModelSpec, train: TrainSpec
+    h: jax.Array,
+    p: Params,
+    *,
+    mesh: Mesh,
+    roles: Roles,
+    model: ModelSpec,
+    train: TrainSpec,
+    positions: Any = None,
 ) -> jax.Array:
     """The MoE block's output for the normed residual `h` [batch, seq, d_model]: the routed
     experts' weighted sum (in the residual stream's sharding, d_model over the tensor axis),
-    plus the shared experts'."""
+    plus the shared experts'. `positions`: each token slot's position in the sequence (the
+    step's order, context.py; None: the sequence's own), which balanced routing reads."""
     cdt = h.dtype
     ep = roles.size("expert")
     exp = roles.expert if ep > 1 else None
@@ -111,6 +86,7 @@ def moe_mlp(
         ep=ep,
         axes=(exp, mlp, roles.batch, roles.seq),
         gathers=gathers,
+        positions=positions,
         matmul=grouped_matmul(mesh.devices.flat[0].platform, train.quantization),
     )
     routed = jax.shard_map(
@@ -160,6 +136,7 @@ def _local(
     ep: int,
     axes: tuple[str | None, str | None, tuple[str, ...], str | None],
     gathers: tuple[Any, Any],
+    positions: Any,
     matmul: GroupedMatmul,
 ) -> jax.Array:
     """One device's share of the block: its tokens [b, s, d] routed, dispatched, computed by
@@ -174,7 +151,9 @@ def _local(
     b, s, d = x.shape
     k, n = model.experts_per_token, model.num_experts
     flat_x = x.reshape(b * s, d)
-    experts, weights = _route(flat_x, router, model, train, _balanced(b, s, batch_axes, seq, k, n))
+    experts, weights = _route(
+        flat_x, router, model, train, _balanced(b, s, batch_axes, seq, k, n, positions)
+    )
     # Token copies sorted by expert (stable: each expert's copies in token order).
     copies = experts.reshape(-1)
     order = jnp.argsort(copies, stable=True)
@@ -201,11 +180,18 @@ def _gather(w: jax.Array, axes: Any, dim: int) -> jax.Array:
 
 
 def _balanced(
-    b: int, s: int, batch_axes: tuple[str, ...], seq: str | None, k: int, n: int
+    b: int,
+    s: int,
+    batch_axes: tuple[str, ...],
+    seq: str | None,
+    k: int,
+    n: int,
+    positions: Any,
 ) -> Callable[[], jax.Array]:
     """The balanced experts of this device's tokens [b * s, k]: ((global index) * k + j) mod
     E, the global index row-major over the whole batch (this device's block found by its
-    position on the batch and sequence axes)."""
+    position on the batch and sequence axes; a token's column its position in the sequence,
+    `positions` of its slot under the load-balanced order)."""
 
     def experts() -> jax.Array:
         row0 = jax.lax.axis_index(batch_axes) * b
@@ -213,6 +199,8 @@ def _balanced(
         total_seq = s * (jax.lax.axis_size(seq) if seq is not None else 1)
         rows = row0 + jnp.arange(b)[:, None]
         cols = col0 + jnp.arange(s)[None, :]
+        if positions is not None:
+            cols = jnp.asarray(positions)[cols]
         index = (rows * total_seq + cols).reshape(-1, 1)
         return ((index * k + jnp.arange(k)[None, :]) % n).astype(jnp.int32)
 

@@ -27,7 +27,6 @@ runs forwards and backwards in one loop with the loss, keeping the micro-batches
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -37,7 +36,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .moe import scan_layers
+from .cycle import LayerFor, run_layers
 from .spec import ModelSpec
 from .stages import STAGED, Stages
 
@@ -82,49 +81,37 @@ def decoder(
     *,
     model: ModelSpec,
     stages: Stages | None,
-    layer: Layer,
+    layer: LayerFor,
     stage_layer: Layer,
     policy: Any,
     mesh: Mesh,
     act: NamedSharding,
     stage_act: NamedSharding,
 ) -> jax.Array:
-    """The decoder layers on the residual stream `x` [batch, seq, d_model]: `layer` (the
-    step's, checkpointed, the batch over the pipeline axis too, its activations `act`) over
-    the layers that are not pipelined, then, with `stages`, `stage_layer` (the step's layer
-    with the roles of a stage, whose activations are `stage_act`, not checkpointed yet: the
-    schedule checkpoints it under `policy`, remat.stage_policy's) over the pipelined
-    ones."""
+    """The decoder layers on the residual stream `x` [batch, seq, d_model]: `layer(window)`
+    (the step's, checkpointed, the batch over the pipeline axis too, its activations `act`)
+    over the layers that are not pipelined (cycle.py), then, with `stages`, `stage_layer` (the
+    step's layer with the roles of a stage, whose activations are `stage_act`, not
+    checkpointed yet: the schedule checkpoints it under `policy`, remat.stage_policy's) over
+    the pipelined ones."""
     if stages is None:
-        return _layers(layer, x, params, model)
+        return run_layers(layer, x, params, model)
     x = leading(layer, x, params, model=model, stages=stages)
     out = _pipelined(stage_layer, policy, x, staged(params), st=stages, mesh=mesh, act=stage_act)
     return jax.lax.with_sharding_constraint(out, act)
 
 
-def leading(layer: Layer, x: jax.Array, params: Params, *, model: ModelSpec, stages: Stages) -> Any:
-    """`layer` over the layers before the pipelined ones (none: `x` as it is)."""
+def leading(
+    layer: LayerFor, x: jax.Array, params: Params, *, model: ModelSpec, stages: Stages
+) -> Any:
+    """`layer(window)` over the layers before the pipelined ones (none: `x` as it is)."""
     lead = stages.lead_dense + stages.lead_moe
-    if lead:
-        before = replace(model, num_layers=lead) if stages.lead_moe else model
-        x = _layers(layer, x, params, before, moe=bool(stages.lead_moe))
-    return x
+    return run_layers(layer, x, params, model, count=lead) if lead else x
 
 
 def staged(params: Params) -> Params:
     """The pipelined layers' weights [R, S, per_chunk, ...], by their names in a layer."""
     return {k.removeprefix(STAGED): v for k, v in params.items() if k.startswith(STAGED)}
-
-
-def _layers(
-    layer: Layer, x: jax.Array, params: Params, model: ModelSpec, *, moe: bool = True
-) -> jax.Array:
-    """`model`'s layers from the `layers/` and `moe_layers/` stacks, in order (the step
-    without a pipeline); `moe` False: only the dense stack."""
-    if model.num_experts and moe:
-        return scan_layers(layer, x, params, model)
-    dense = {k.split("/", 1)[1]: v for k, v in params.items() if k.startswith("layers/")}
-    return jax.lax.scan(layer, x, dense)[0]
 
 
 def _pipelined(

@@ -143,6 +143,7 @@ def pipeline_stages(
             "layers mix dense and MoE layers, which one pipelined stack cannot hold; accepted: "
             f"a count of last layers all of one kind (up to {max(one)})"
         )
+    _check_windows(model, train, layers)
     m = train.pipeline_microbatches or stages
     if m < stages:
         raise MeshConfigError(
@@ -179,6 +180,22 @@ def pipeline_stages(
         # remat "none" checkpoints nothing, so there is no iteration to checkpoint either
         remat=train.pipeline_remat if train.remat != "none" else "layer",
         schedule=train.pipeline_schedule,
+    )
+
+
+def _check_windows(model: ModelSpec, train: TrainSpec, layers: int) -> None:
+    """The pipelined layers share one attention window: a stage runs its chunks' layers with
+    one layer function (local layers' windows are static, cycle.py)."""
+    L = model.num_layers
+    if len({model.window(i) for i in range(L - layers, L)}) == 1:
+        return
+    one = [n for n in range(1, L + 1) if len({model.window(i) for i in range(L - n, L)}) == 1]
+    raise MeshConfigError(
+        f"pipeline_layers={train.pipeline_layers}: model {model.name!r}'s last {layers} layers "
+        f"mix local layers (sliding_window={model.sliding_window}) and global ones "
+        f"(global_every={model.global_every}), which the pipelined stages do not run yet; "
+        f"accepted: a count of last layers that share one window (up to {max(one)}), or a "
+        "model whose layers all slide (global_every=0)"
     )
 
 

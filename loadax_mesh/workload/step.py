@@ -27,9 +27,12 @@ from jax.sharding import PartitionSpec as P
 from ..hardware.traits import platform_traits
 from . import quantized
 from .attention import attention, rotary, rotate
+from .context import reordered, token_positions
 from .kernels import traced_for
 from .layout import Roles, check_fit, param_shapes, regathered, roles
 from .loss import cross_entropy_loss
+from .mla import latent_qkv
+from .mla import rms_norm as _rms_norm
 from .moe import moe_mlp
 from .optimizer import adam, initial_state, moment_shardings
 from .pipeline import decoder, leading, staged
@@ -38,8 +41,6 @@ from .remat import _regathered_projection, stage_policy
 from .remat import remat_policy as remat_policy
 from .spec import ModelSpec, TrainSpec
 from .stages import STAGED, Stages, staged_shapes
-
-_NORM_EPS = 1e-5
 
 Params = dict[str, Any]
 # A two-matrix MLP's activation (jax's GELU is the tanh approximation, as flax's and MaxText's).
@@ -188,8 +189,16 @@ class Step:
         grads = {k: (g / m).astype(params[k].dtype) for k, g in acc.items()}
         return total / m, grads
 
+    @cached_property
+    def positions(self) -> Any:
+        """Each token slot's position in the sequence, in the order the step holds it
+        (context.py: load-balanced over a `seq` axis), or None: the sequence's own order."""
+        return token_positions(self.model.seq_len, self.train, self.roles)
+
     def loss(self, params: Params, batch: Params) -> jax.Array:
-        """Mean next-token cross-entropy (float32) over the batch."""
+        """Mean next-token cross-entropy (float32) over the batch (its tokens and targets in
+        the sequence's order; over a `seq` axis the step permutes them into its own first)."""
+        batch = reordered(batch, self.positions)
         cdt = jnp.dtype(self.train.compute_dtype)
         act, whole = self.spec(("batch", "seq", "hidden")), self.spec(("batch", "seq", None))
         # The table gathered over FSDP first: the lookup's output then comes out sharded by
@@ -209,8 +218,8 @@ class Step:
             params,
             model=self.model,
             stages=self.stages,
-            layer=self._checkpointed(act),
-            stage_layer=partial(stage._layer, act=stage_act),  # checkpointed there
+            layer=partial(self._checkpointed, act),
+            stage_layer=partial(stage._layer, act=stage_act, window=self._stage_window),
             policy=stage_policy(self.train),
             mesh=self.mesh,
             act=act,
@@ -244,7 +253,7 @@ class Step:
         st, stage = self.stages, self._stage
         assert st is not None
         x = leading(
-            self._checkpointed(self.spec(("batch", "seq", "hidden"))),
+            partial(self._checkpointed, self.spec(("batch", "seq", "hidden"))),
             x,
             params,
             model=self.model,
@@ -261,7 +270,7 @@ class Step:
             st=st,
             mesh=self.mesh,
             act=stage_act,
-            layer=partial(stage._layer, act=stage_act),
+            layer=partial(stage._layer, act=stage_act, window=self._stage_window),
             loss=stage._head,
             shardings=(
                 {k: sh[STAGED + k] for k in weights},
@@ -275,13 +284,26 @@ class Step:
         r = self.roles
         return replace(self, roles=replace(r, batch=tuple(a for a in r.batch if a != r.pipeline)))
 
-    def _checkpointed(self, act: NamedSharding) -> Callable[..., Any]:
-        """The layer, its activations in `act`, under the recipe's checkpoint policy."""
-        layer: Callable[..., Any] = partial(self._layer, act=act)
+    @property
+    def _rotary_at(self) -> Any:
+        """Where rotary positions are taken: each slot's position, or the sequence length."""
+        return self.model.seq_len if self.positions is None else self.positions
+
+    @cached_property
+    def _stage_window(self) -> int:
+        """The window of the pipelined layers (all alike: `stages.pipeline_stages`)."""
+        return self.model.window(self.model.num_layers - 1)
+
+    def _checkpointed(self, act: NamedSharding, window: int = 0) -> Callable[..., Any]:
+        """The layer over `window` (0: global), its activations in `act`, under the recipe's
+        checkpoint policy."""
+        layer: Callable[..., Any] = partial(self._layer, act=act, window=window)
         policy = remat_policy(self.train)
         return layer if policy is None else jax.checkpoint(layer, policy=policy)
 
-    def _layer(self, x: jax.Array, p: Params, *, act: NamedSharding) -> tuple[jax.Array, None]:
+    def _layer(
+        self, x: jax.Array, p: Params, *, act: NamedSharding, window: int = 0
+    ) -> tuple[jax.Array, None]:
         # The layer's input named inside the checkpointed function: a policy may then offload
         # it (MaxText's decoder_layer_input); everything below reads the named value.
         x = checkpoint_name(x, "layer_input")
@@ -293,21 +315,28 @@ class Step:
             # collective, as in a sequential layer (attention first: one each;
             # docs/notes/2026-11-26-maxtext-2023-parallel-block.md).
             down = self._mlp(h, p)
-            return jax.lax.with_sharding_constraint(x + (self._attention(h, p) + down), act), None
-        x = jax.lax.with_sharding_constraint(x + self._attention(h, p), act)
+            out = self._attention(h, p, window) + down
+            return jax.lax.with_sharding_constraint(x + out, act), None
+        x = jax.lax.with_sharding_constraint(x + self._attention(h, p, window), act)
         h = _rms_norm(x, p["mlp_norm"])
         if "router" in p:  # a MoE layer (moe.py)
             mix = moe_mlp(
-                h, p, mesh=self.mesh, roles=self.roles, model=self.model, train=self.train
+                h,
+                p,
+                mesh=self.mesh,
+                roles=self.roles,
+                model=self.model,
+                train=self.train,
+                positions=self.positions,
             )
             return jax.lax.with_sharding_constraint(x + checkpoint_name(mix, "mlp_out"), act), None
         return jax.lax.with_sharding_constraint(x + self._mlp(h, p), act), None
 
-    def _attention(self, h: jax.Array, p: Params) -> jax.Array:
-        """The attention sublayer of the normed residual `h`, through its output projection
-        (named `out_proj`)."""
+    def _attention(self, h: jax.Array, p: Params, window: int) -> jax.Array:
+        """The attention sublayer of the normed residual `h` over `window` (0: global),
+        through its output projection (named `out_proj`)."""
         if self.model.attention == "mla":
-            q, k, v = self._latent_qkv(h, p)
+            q, k, v = latent_qkv(h, p, model=self.model, matmul=self._matmul, at=self._rotary_at)
         else:
             again = set(self.regathered)
             q, k, v = (
@@ -316,9 +345,19 @@ class Step:
                 )
                 for w, name in (("wq", "query"), ("wk", "key"), ("wv", "value"))
             )
-            sin, cos = rotary(self.model.seq_len, self.model.head_dim)
+            sin, cos = rotary(self._rotary_at, self.model.head_dim)
             q, k = rotate(q, sin, cos), rotate(k, sin, cos)
-        o = attention(q, k, v, kind=self.train.attention, mesh=self.mesh, roles=self.roles)
+        o = attention(
+            q,
+            k,
+            v,
+            kind=self.train.attention,
+            mesh=self.mesh,
+            roles=self.roles,
+            window=window,
+            positions=self.positions,
+            strategy=self.train.context_strategy,
+        )
         o = checkpoint_name(o, "attention_out")
         return checkpoint_name(self._matmul("bshk,hkd->bsd", o, p["wo"]), "out_proj")
 
@@ -341,30 +380,6 @@ class Step:
             return _regathered_projection(x, w)
         return quantized.einsum(spec, x, w, quantization=self.train.quantization, regather=regather)
 
-    def _latent_qkv(self, h: jax.Array, p: Params) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Multi-head latent attention's q, k and v from the normed residual `h`: the query
-        through its normed low-rank bottleneck (or one full-rank projection) to every head's
-        nope and rope parts; one down-projection to the kv bottleneck and a rope key shared by
-        the heads, the bottleneck normed and projected up to each head's nope key and value.
-        Rotary positions on the rope parts; a key is its nope part and the shared rope part."""
-        m, mm = self.model, self._matmul
-        if m.q_lora_rank:
-            latent = _rms_norm(mm("bsd,dr->bsr", h, p["wq_a"]), p["q_norm"])
-            q = mm("bsr,rhk->bshk", latent, p["wq_b"])
-        else:
-            q = mm("bsd,dhk->bshk", h, p["wq"])
-        q = checkpoint_name(q, "query")
-        down = mm("bsd,dr->bsr", h, p["wkv_a"])
-        latent, rope_key = down[..., : m.kv_lora_rank], down[..., m.kv_lora_rank :]
-        up = mm("bsr,rhk->bshk", _rms_norm(latent, p["kv_norm"]), p["wkv_b"])
-        k_nope, v = up[..., : m.qk_nope_head_dim], up[..., m.qk_nope_head_dim :]
-        sin, cos = rotary(m.seq_len, m.qk_rope_head_dim)
-        q_nope, q_rope = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
-        q = jnp.concatenate([q_nope, rotate(q_rope, sin, cos)], axis=-1)
-        rope_key = jnp.broadcast_to(rotate(rope_key[:, :, None, :], sin, cos), q_rope.shape)
-        k = checkpoint_name(jnp.concatenate([k_nope, rope_key], axis=-1), "key")
-        return q, k, checkpoint_name(v, "value")
-
 
 def make_step(
     mesh: Mesh, model: ModelSpec, train: TrainSpec, *, batch_axes: Any, regather: bool | None = None
@@ -382,9 +397,3 @@ def make_step(
     if st is not None:  # outside the pipelined layers the pipeline axis acts as data
         r = replace(r, batch=tuple(a for a, _ in r.sizes if a in r.batch or a == r.pipeline))
     return Step(mesh, model, train, r, again, stages=st)
-
-
-def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + _NORM_EPS)
-    return (normed * scale.astype(jnp.float32)).astype(x.dtype)

@@ -443,3 +443,35 @@ def test_a_compile_on_a_terminal_counts_seconds(monkeypatch):
         assert ticked.wait(30)  # the body runs until the line has been drawn once
     assert re.search(r"\r. compiling tiny for cpu-8: \d+ s", terminal.getvalue())
     assert terminal.getvalue().endswith("\r\033[K")  # the line is cleared when done
+
+
+def test_a_compile_the_compiler_fails_is_one_error_line(capsys, monkeypatch):
+    """XLA's failure (here a custom partitioner's, as jax reports it inside XLA's error) is
+    one `loadax-mesh: error:` line naming the plan and the reason, exit code 1."""
+    import jax
+
+    from loadax_mesh.compiler import report
+
+    inner = (
+        "INTERNAL: custom_partitioner: Traceback (most recent call last):\n"
+        '  File "fused_attention_stablehlo.py", line 924, in _check_qkv_bias_mask_spec\n'
+        "ValueError: Query, key and value should have same sharding.\n\n"
+        "Suspected Python Code Location:\n  step.py:129:23 [Step.fn.<locals>.step]"
+    )
+
+    def fails(*_, **__):
+        raise jax.errors.JaxRuntimeError(inner)
+
+    monkeypatch.setattr(report, "compile_step", fails)
+    code, out, err = run(
+        capsys,
+        *("compile", "--devices", "local", "--shape", "4,2", "--axes", "fsdp,seq"),
+        *("--batch-axes", "fsdp", "--model", "tiny", "--global-batch", "8"),
+    )
+    assert code == 1 and out == ""
+    lines = [line for line in err.splitlines() if line.startswith("loadax-mesh:")]
+    assert lines == [
+        "loadax-mesh: error: compiling tiny (seq_len 128) for cpu-8 on the mesh fsdp 4 x seq 2 "
+        "failed: ValueError: Query, key and value should have same sharding."
+    ], err
+    assert "Traceback" not in err

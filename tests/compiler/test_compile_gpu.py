@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import jax
@@ -129,8 +130,9 @@ def test_compile_cli_json(capsys):
 B, S, H, KV, D, TRIPS = 8, 256, 4, 2, 64, 3
 
 
-def _attention_scan(grad: bool):
-    """Causal cuDNN attention applied TRIPS times under a scan, batch over one host's 8 GPUs."""
+def _attention_scan(grad: bool, window: int = 0):
+    """Causal cuDNN attention (over a sliding `window`, 0: none) applied TRIPS times under a
+    scan, batch over one host's 8 GPUs."""
     mesh = Mesh(np.array(topology_devices("gpu-p5.48xlarge-8")), ("batch",))
     sharded = NamedSharding(mesh, PartitionSpec("batch"))
     args = [
@@ -140,7 +142,10 @@ def _attention_scan(grad: bool):
 
     def f(q, k, v):
         def body(x, _):
-            out = jax.nn.dot_product_attention(x, k, v, is_causal=True, implementation="cudnn")
+            local = (window - 1, 0) if window else None
+            out = jax.nn.dot_product_attention(
+                x, k, v, is_causal=True, local_window_size=local, implementation="cudnn"
+            )
             return out, None
 
         return jax.lax.scan(body, q, None, length=TRIPS)[0]
@@ -179,6 +184,24 @@ def test_cudnn_attention_flops_by_hand():
         "forward": forward,
         "backward": backward,
     }
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_cudnn_sliding_window_flops_by_hand():
+    """A window of 64 (a local layer's): query i sees keys i - 63 .. i, 64 * 65 / 2 pairs in
+    the first 64 rows and 64 in each of the other 192."""
+    window = 64
+    pairs = window * (window + 1) // 2 + (S - window) * window
+    hlo = HloText(_attention_scan(grad=True, window=window).as_text())
+    calls = [
+        i.attributes
+        for body in hlo.computations.values()
+        for i in body
+        if i.opcode == "custom-call" and "__cudnn$fmha" in i.attributes
+    ]
+    assert calls and all(re.search(r'"sliding_window_length": ?"?64\b', a) for a in calls)
+    assert _calls(hlo) == {"forward": H * pairs * 4 * D, "backward": H * pairs * 10 * D}
 
 
 # -- plan on the compile-only devices ---------------------------------------------------------

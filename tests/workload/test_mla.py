@@ -116,7 +116,8 @@ def test_ranks_that_do_not_divide_over_fsdp_are_refused(field, value, shards):
     model = replace(MLA, **{field: value})
     with pytest.raises(
         MeshConfigError,
-        match=f"{field}={value} does not divide over the fsdp and expert axes together "
-        f"\\({shards} shards\\); accepted: axes whose sizes' product divides {field}",
+        match=f"{field}={value} does not divide over the fsdp, seq and expert axes together "
+        f"\\({shards} shards: 'fsdp' 2 x 'expert' 4\\), which shard the weights' d_model; "
+        f"accepted: axes whose sizes' product divides {field}",
     ):
         make_step(mesh, model, TrainSpec(global_batch=8), batch_axes=("fsdp", "expert"))

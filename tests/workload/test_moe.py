@@ -188,7 +188,8 @@ def test_dropless_and_capacity_agree_when_nothing_drops_and_differ_when_it_does(
             (1, 1, 8),
             ALL,
             replace(MOE, d_model=68, head_dim=4),
-            "d_model=68 does not divide over the fsdp and expert axes together \\(8 shards\\)",
+            "d_model=68 does not divide over the fsdp, seq and expert axes together \\(8 shards: "
+            "'expert' 8\\)",
         ),
         (
             (1, 2, 4),
