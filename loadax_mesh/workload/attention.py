@@ -19,8 +19,6 @@ the axis instead (`ring`, the call site of ring.py's kernel).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Literal
 
 import jax
@@ -29,10 +27,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..errors import MeshConfigError
 from ..hardware.traits import attention_kernel
 from .kernels import shard_map_mesh
 from .layout import Roles
+from .ring import ring_attention
 from .splash import splash
 
 
@@ -150,29 +148,16 @@ def ring(
     window: int,
     positions: np.ndarray | None,
 ) -> jax.Array:
-    """`context_strategy="ring"`: `ring.ring_attention(q, k, v, positions=..., window=...,
-    axis_name=...)` on each device under a `shard_map` manual over every axis. It takes the
-    device's own q, k, v ([rows, seq / c, heads or kv_heads, head_dim], values possibly
-    narrower), its slots' positions [seq / c] (the positions of its queries, and of the key
-    and value block it starts with), the layer's window (0: global) and the name of the `seq`
-    axis round which it passes key and value blocks; it returns q's shape with v's head_dim.
-    Until ring.py is in the step the strategy is refused."""
-    name = f"{__package__}.ring"
-    if importlib.util.find_spec(name) is None:
-        raise MeshConfigError(
-            "context_strategy='ring' is not in the reference step yet (its ring attention, "
-            "loadax_mesh/workload/ring.py, is being written); accepted: "
-            "context_strategy='all_gather'"
-        )
-    module = importlib.import_module(name)
+    """`context_strategy="ring"`: ring.py's `ring_attention` on each device under a
+    `shard_map` manual over every axis: the device's own q, k, v ([rows, seq / c, heads or
+    kv_heads, head_dim], values possibly narrower) and its slots' positions [seq / c] (of its
+    queries, and of the key and value block it starts with), the layer's window (0: global);
+    key and value blocks go round the `seq` axis. Returns q's shape with v's head_dim."""
     q_spec = P(*r.mesh_axes(("batch", "seq", "heads", None)))
     kv_spec = P(*r.mesh_axes(("batch", "seq", "kv_heads", None)))
 
     def local(q: jax.Array, k: jax.Array, v: jax.Array, at: jax.Array) -> jax.Array:
-        out: jax.Array = module.ring_attention(
-            q, k, v, positions=at, window=window, axis_name=r.seq
-        )
-        return out
+        return ring_attention(q, k, v, axis_name=str(r.seq), q_pos=at, kv_pos=at, window=window)
 
     run = jax.shard_map(
         local,

@@ -1,8 +1,8 @@
 """Context parallelism on the `seq` axis (docs/design.md section 14): the load-balanced order
 (2 x seq chunks, device i holding chunks i and 2 seq - 1 - i), masks from positions, 8 CPU
 devices training to one device's losses with context_strategy "all_gather", balanced or not,
-with and without a window; a sequence the chunks do not divide is refused naming seq_len and
-the axis; "ring" is refused until its kernel is in the step."""
+with and without a window, and with "ring"; a sequence the chunks do not divide is refused
+naming seq_len and the axis."""
 
 from __future__ import annotations
 
@@ -95,15 +95,6 @@ def test_a_sequence_the_chunks_do_not_divide_is_refused(seq_len, balance, messag
         make_step(mesh, replace(TINY, seq_len=seq_len), train, batch_axes="data")
 
 
-def test_ring_is_refused_until_its_kernel_is_in_the_step():
-    mesh = MeshConfig((2, 4), ("data", "seq")).create_device_mesh()
-    step = make_step(
-        mesh, TINY, TrainSpec(global_batch=8, context_strategy="ring"), batch_axes="data"
-    )
-    with pytest.raises(MeshConfigError, match=r"context_strategy='ring' is not in the reference"):
-        step.fn.lower(*step.abstract_args())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", list(MESHES))
 @pytest.mark.parametrize("balance", [True, False], ids=["balanced", "contiguous"])
@@ -131,6 +122,22 @@ def test_all_gather_on_the_plain_path_trains_like_one_device(model):
     np.testing.assert_allclose(
         got, train_losses(single, batch_axes=("data",), model=model, **spec), rtol=1e-5
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("balance", [True, False], ids=["balanced", "contiguous"])
+@pytest.mark.parametrize("model", [TINY, LOCAL_GLOBAL], ids=["global", "window"])
+def test_the_ring_trains_like_one_device(balance, model):
+    """context_strategy "ring" (workload/ring.py: key and value blocks round the seq axis) in
+    the whole step, 8 CPU devices against one."""
+    shape, names, batch = MESHES["data2-seq4"]
+    plan = MeshConfig(shape, names, batch_axis_names=batch).plan()
+    single = MeshConfig((1,), ("data",)).plan(jax.devices()[:1])
+    spec = {"compute_dtype": "float32", "context_load_balance": balance}
+    got = train_losses(plan, batch_axes=batch, model=model, context_strategy="ring", **spec)
+    want = train_losses(single, batch_axes=("data",), model=model, **spec)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert (np.diff(got) < 0).all(), got
 
 
 # -- the seq axis shards the model as fsdp does ---------------------------------------------
