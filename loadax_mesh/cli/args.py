@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from ..workload.spec import TrainSpec
 
 
+PROG = "loadax-mesh"  # the command, as its messages name it
+
+
 class UsageError(Exception):
     """A command line argparse rejects; reported like a MeshConfigError."""
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from .args import print_json
+from .args import PROG, print_json
 
 if TYPE_CHECKING:
     from ..plan import MeshPlan
@@ -58,8 +58,6 @@ def compile_command(
     except MeshConfigError:
         raise
     except Exception as err:  # the compiler's own failure: one line, no traceback
-        from .main import PROG
-
         mesh = " x ".join(f"{a} {n}" for a, n in plan.shape.items())
         print(
             f"{PROG}: error: compiling {model.name} (seq_len {model.seq_len}) for "

@@ -18,6 +18,7 @@ from .args import (
     MODEL_HELP,
     PICTURE_FLAGS,
     PLAN_FLAGS,
+    PROG,
     Parser,
     UsageError,
     config_from_args,
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from ..plan import MeshPlan
     from ..workload import TrainSpec
 
-PROG = "loadax-mesh"
 CATALOGUE_HELP = (
     "a user catalogue: a TOML file in the schema of configs/hardware.toml whose entries add to "
     "or override the shipped ones for this run (default: $LOADAX_MESH_CATALOGUE, if set)"
