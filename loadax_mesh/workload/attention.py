@@ -130,10 +130,11 @@ def _fused(
             kernel, **where, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec, check_vma=False
         )
         return run(q, k, v)
+    kv_spec = P(*r.mesh_axes(("batch", "seq", "kv_heads", None)))  # gathered inside
     run = jax.shard_map(
         kernel,
         **where,
-        in_specs=(q_spec, q_spec, q_spec, P(r.seq)),
+        in_specs=(q_spec, kv_spec, kv_spec, P(r.seq)),
         out_specs=q_spec,
         check_vma=False,
     )
