@@ -10,7 +10,8 @@ path's local window, a masked score matrix); 0 is the whole causal prefix.
 
 With a `seq` axis (context parallelism, TrainSpec.context_strategy "all_gather") each device
 holds its queries and gathers the keys and values over the axis each layer (the gather's
-transpose reduce-scatters their gradients). Its queries then sit at positions that are not
+transpose reduce-scatters their gradients; libtpu runs that as an all-reduce whose slice it
+fuses into the rotary's backward). Its queries then sit at positions that are not
 those of the gathered keys' first rows, so masks are built from positions: each token slot's
 position (`positions`, context.py's order: contiguous, or load-balanced) rather than from the
 diagonal of the query block. `context_strategy` "ring" passes key and value blocks round
@@ -28,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..hardware.traits import attention_kernel
-from .kernels import shard_map_mesh
+from .kernels import gathered, shard_map_mesh
 from .layout import Roles
 from .ring import ring_attention
 from .splash import splash
@@ -101,16 +102,18 @@ def _fused(
     'spec'"), and over a `seq` axis it refuses queries sharded unlike the keys ("Query, key
     and value should have same sharding"): there the call runs under a `shard_map` manual over
     the other axes too, each device on its rows, heads and queries, the keys and values
-    gathered whole along the sequence, with a mask from positions when the sequence is split
-    (`allowed`: cuDNN's causal mask is the query block's diagonal, right only for the first
-    shard). The XLA path takes the same `shard_map`, so that the CPU tests run the code the GPU
-    step runs."""
+    gathered whole along the sequence (`kernels.gathered`), with a mask from positions when
+    the sequence is split (`allowed`: cuDNN's causal mask is the query block's diagonal,
+    right only for the first shard; cuDNN takes the mask as a bias [1, 1, queries, keys] in
+    the compute dtype and, in jax 0.10.2, returns its gradient too). The XLA path takes the
+    same `shard_map`, so that the CPU tests run the code the GPU step runs."""
     local = (window - 1, 0) if window else None
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *pos: jax.Array) -> jax.Array:
         how: Literal["cudnn"] | None = "cudnn" if cudnn else None
-        if pos:
-            mask = allowed(pos[0], pos[1], window)[None, None]
+        if pos:  # this device's query positions; the gathered keys' are every position
+            k, v = (gathered(a, r.seq, 1) for a in (k, v))
+            mask = allowed(pos[0], _positions(k.shape[1], positions), window)[None, None]
             return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=how)
         return jax.nn.dot_product_attention(
             q, k, v, is_causal=True, local_window_size=local, implementation=how
@@ -121,21 +124,21 @@ def _fused(
     if not split and "axis_names" not in where:
         return kernel(q, k, v)
     q_spec = P(*r.mesh_axes(("batch", "seq", "heads", None)))
-    kv_spec = P(*r.mesh_axes(("batch", None, "heads", None)))
     if not split:
+        kv_spec = P(*r.mesh_axes(("batch", None, "heads", None)))
         run = jax.shard_map(
             kernel, **where, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec, check_vma=False
         )
         return run(q, k, v)
-    at = _positions(q.shape[1], positions)
+    kv_spec = P(*r.mesh_axes(("batch", "seq", "kv_heads", None)))  # gathered inside
     run = jax.shard_map(
         kernel,
         **where,
-        in_specs=(q_spec, kv_spec, kv_spec, P(r.seq), P()),
+        in_specs=(q_spec, kv_spec, kv_spec, P(r.seq)),
         out_specs=q_spec,
         check_vma=False,
     )
-    return run(q, k, v, at, at)
+    return run(q, k, v, _positions(q.shape[1], positions))
 
 
 def ring(

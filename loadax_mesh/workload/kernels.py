@@ -76,6 +76,15 @@ def shard_map_mesh(mesh: Mesh) -> dict[str, Any]:
     return {"mesh": context, "axis_names": frozenset(mesh.axis_names) - manual}
 
 
+def gathered(a: jax.Array, axis: str | None, dim: int) -> jax.Array:
+    """A device's shard of keys or values whole along the sequence (`dim`): an all-gather over
+    the `seq` axis written out under the `shard_map`, whose transpose is a reduce-scatter of
+    their gradients. (Gathered at the `shard_map`'s edge instead, by an in_spec without the
+    axis, the gradients are summed by an all-reduce of the whole sequence, which libtpu does
+    not turn into a reduce-scatter: twice the bytes.)"""
+    return a if axis is None else jax.lax.all_gather(a, axis, axis=dim, tiled=True)
+
+
 @contextlib.contextmanager
 def traced_for(mesh: Mesh) -> Iterator[None]:
     """While the step is traced: for devices whose kernels read the process's own device (GPU)

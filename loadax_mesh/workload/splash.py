@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .kernels import shard_map_mesh
+from .kernels import gathered, shard_map_mesh
 from .layout import Roles, splash_blocks
 
 
@@ -61,10 +61,11 @@ def splash(
     kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(r.model, r.seq)))
     batch = r.mesh_axes(("batch",))[0]
     q_spec = P(batch, r.model, r.seq, None)
-    kv_spec = P(batch, r.model, None, None)
     back = None if positions is None else _contiguous_chunks(positions)
+    seq = r.seq if r.size("seq") > 1 else None
 
     def local(kernel: kernels.SplashAttentionKernel, q: jax.Array, k: jax.Array, v: jax.Array):
+        k, v = gathered(k, seq, 2), gathered(v, seq, 2)
         if back is not None:
             k, v = _reorder(k, back), _reorder(v, back)
         return jax.vmap(kernel)(q, k, v)
@@ -72,7 +73,7 @@ def splash(
     sharded = jax.shard_map(
         local,
         **shard_map_mesh(mesh),  # inside a pipeline stage too
-        in_specs=(kernel_spec, q_spec, kv_spec, kv_spec),
+        in_specs=(kernel_spec, q_spec, q_spec, q_spec),
         out_specs=q_spec,
         check_vma=False,
     )

@@ -143,7 +143,6 @@ def pipeline_stages(
             "layers mix dense and MoE layers, which one pipelined stack cannot hold; accepted: "
             f"a count of last layers all of one kind (up to {max(one)})"
         )
-    _check_windows(model, train, layers)
     m = train.pipeline_microbatches or stages
     if m < stages:
         raise MeshConfigError(
@@ -183,9 +182,10 @@ def pipeline_stages(
     )
 
 
-def _check_windows(model: ModelSpec, train: TrainSpec, layers: int) -> None:
-    """The pipelined layers share one attention window: a stage runs its chunks' layers with
-    one layer function (local layers' windows are static, cycle.py)."""
+def check_windows(model: ModelSpec, train: TrainSpec, layers: int) -> None:
+    """The reference step's pipelined layers share one attention window: a stage runs its
+    chunks' layers with one layer function (local layers' windows are static, cycle.py). The
+    cost model prices pipelines of mixed windows; only the step refuses them."""
     L = model.num_layers
     if len({model.window(i) for i in range(L - layers, L)}) == 1:
         return
@@ -193,7 +193,8 @@ def _check_windows(model: ModelSpec, train: TrainSpec, layers: int) -> None:
     raise MeshConfigError(
         f"pipeline_layers={train.pipeline_layers}: model {model.name!r}'s last {layers} layers "
         f"mix local layers (sliding_window={model.sliding_window}) and global ones "
-        f"(global_every={model.global_every}), which the pipelined stages do not run yet; "
+        f"(global_every={model.global_every}), which the reference step's pipelined stages do "
+        "not run yet (the cost model prices them); "
         f"accepted: a count of last layers that share one window (up to {max(one)}), or a "
         "model whose layers all slide (global_every=0)"
     )

@@ -40,7 +40,7 @@ from .pipeline_1f1b import pipelined_loss
 from .remat import _regathered_projection, stage_policy
 from .remat import remat_policy as remat_policy
 from .spec import ModelSpec, TrainSpec
-from .stages import STAGED, Stages, staged_shapes
+from .stages import STAGED, Stages, check_windows, staged_shapes
 
 Params = dict[str, Any]
 # A two-matrix MLP's activation (jax's GELU is the tanh approximation, as flax's and MaxText's).
@@ -391,6 +391,8 @@ def make_step(
     names = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
     r = roles(tuple(mesh.shape.items()), names)
     st = check_fit(model, train, r)
+    if st is not None:
+        check_windows(model, train, st.layers)
     if regather is None:
         regather = platform_traits(mesh.devices.flat[0].platform).regathers_attention_weights
     again = regathered(model, train, r) if regather else ()
