@@ -391,11 +391,10 @@ def make_step(
     names = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
     r = roles(tuple(mesh.shape.items()), names)
     st = check_fit(model, train, r)
-    if st is not None:
-        check_windows(model, train, st.layers)
     if regather is None:
         regather = platform_traits(mesh.devices.flat[0].platform).regathers_attention_weights
     again = regathered(model, train, r) if regather else ()
     if st is not None:  # outside the pipelined layers the pipeline axis acts as data
+        check_windows(model, train, st.layers)
         r = replace(r, batch=tuple(a for a, _ in r.sizes if a in r.batch or a == r.pipeline))
     return Step(mesh, model, train, r, again, stages=st)
