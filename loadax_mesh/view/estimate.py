@@ -76,9 +76,10 @@ def ranking_text(ranking: RankingView) -> str:
     unsearched = "".join(f"; not searched: {what}" for what in ranking.unsearched)
     assumed = "".join(f"; {what}" for what in ranking.assumed)
     moe = " MoE-path" if any(c.estimate.moe for c in ranking) else ""
-    pp = " [ppS MM RR: stages, pipeline micro-batches, repeats]" * any(
-        c.estimate.pipeline for c in ranking
-    )
+    staged = [c.estimate.pipeline for c in ranking if c.estimate.pipeline]
+    pp = " [ppS MM RR: stages, pipeline micro-batches, repeats]" * bool(staged)
+    if any(p.lead for p in staged):
+        pp = pp[:-1] + "; LN: N last layers pipelined, the first with the pipeline axis as data]"
     marks = []
     if any(c.beyond_headroom for c in ranking):
         marks.append(
@@ -129,9 +130,12 @@ def ranking_text(ranking: RankingView) -> str:
 
 
 def _stages(e: Estimate) -> str:
-    """A pipelined estimate's stages, micro-batches and repeats, e.g. " pp4 M8 R2"."""
+    """A pipelined estimate's stages, micro-batches and repeats, e.g. " pp4 M8 R2", and its
+    pipelined layers where they are not all ("L120")."""
     p = e.pipeline
-    return "" if p is None else f" pp{p.stages} M{p.microbatches} R{p.repeats}"
+    if p is None:
+        return ""
+    return f" pp{p.stages} M{p.microbatches} R{p.repeats}" + (f" L{p.layers}" if p.lead else "")
 
 
 def _compute_rates(e: Estimate) -> str:

@@ -92,6 +92,20 @@ def _kinds(model: ModelSpec) -> tuple[str, ...]:
     return tuple("moe_layers" if i in moe else "layers" for i in range(model.num_layers))
 
 
+def dividing_layers(model: ModelSpec, stages: int) -> int:
+    """The most last layers of the model, all of one kind, that `stages` divide, where no more
+    than one stage's share of layers is left to run before the pipeline (with its axis as
+    data), else 0: the pipeline of a model whose layers the stages do not divide, as the
+    chooser searches it (Megatron and torchtitan split such counts unevenly instead, a layer
+    more on some stages)."""
+    kinds = _kinds(model)
+    tail = 1
+    while tail < len(kinds) and kinds[-tail - 1] == kinds[-1]:
+        tail += 1
+    layers = tail - tail % stages
+    return layers if layers and len(kinds) - layers <= layers // stages else 0
+
+
 def pipeline_stages(
     model: ModelSpec,
     train: TrainSpec,

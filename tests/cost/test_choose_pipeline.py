@@ -9,9 +9,12 @@ import pytest
 from loadax_mesh.cost.choose.mesh import AXES as AXES_DEFAULT
 from loadax_mesh.cost.choose.mesh import choose_mesh
 from loadax_mesh.cost.choose.recipes import check_recipes
+from loadax_mesh.cost.choose.search import for_mesh
 from loadax_mesh.errors import MeshConfigError
 from loadax_mesh.view.estimate import ranking_text
-from loadax_mesh.workload.spec import TrainSpec
+from loadax_mesh.workload.layout import check_fit, roles
+from loadax_mesh.workload.spec import ModelSpec, TrainSpec
+from loadax_mesh.workload.stages import dividing_layers
 
 AXES = ("pipeline", "data", "fsdp")
 SLOW_DCN = {"dcn_bandwidth": "1 Gbps"}  # a slow network between the slices
@@ -147,21 +150,24 @@ def test_default_search_adds_pipelines_across_granules_and_keeps_the_rest():
 
 @pytest.mark.slow  # about 2 s of CPU for the search (16,384 chips)
 def test_405b_on_8_slices_default_search_weighs_a_pipeline_and_says_why_it_loses():
-    # 8 x v5p-2048 at the catalogue's DCN: two stages over 4 slices each (126 layers divide by
-    # 2 of the slice counts' divisors only); the bubble costs more than the DCN it saves
+    # 8 x v5p-2048 at the catalogue's DCN: 2, 4 and 8 stages over whole slices (126 layers: 4
+    # and 8 stages take the last 124 and 120, the first with the pipeline axis as data); the
+    # bubble costs more than the DCN it saves
     train = TrainSpec(global_batch=8192)
     ranking = choose_mesh("tpu-v5p-2048-8", "llama3-405b", train)
-    assert ranking.stages == (2,)
+    assert ranking.stages == (2, 4, 8)
     assert ranking[0].estimate.pipeline is None
     staged = ranking.with_pipeline
     p = staged.estimate.pipeline
-    assert p.stages == 2 and (staged.ici[0], staged.dcn[0]) == (1, 2)
+    assert (staged.ici[0], staged.dcn[0]) == (1, p.stages)
+    assert p.layers == {2: 126, 4: 124, 8: 120}[p.stages] == staged.estimate.train.pipeline_layers
+    assert p.lead == 126 - p.layers
     assert p.bubble == pytest.approx(1 / (p.microbatches * p.repeats + 1)) and p.bubble > 0
     s, w = staged.estimate, ranking.without_pipeline.estimate
     assert w is ranking[0].estimate
     assert s.time.compute - w.time.compute > s.time.across_granules - w.time.across_granules
     text = ranking_text(ranking)
-    assert "pipelines  searched across granules: 2 stages" in text
+    assert "pipelines  searched across granules: 2, 4, 8 stages" in text
     assert f"the pipeline loses by {s.step_seconds - w.step_seconds:.2f} s" in text
     assert f"bubble {p.bubble:.1%}" in text
 
@@ -192,13 +198,14 @@ def test_64_h100_hosts_pipeline_wins_over_a_slow_network_and_loses_on_the_catalo
 
 
 def test_64_h100_hosts_405b_searches_two_stages_that_fit_with_a_tensor_axis_and_lose():
-    # 126 layers: two stages only; beside a pipeline no offload is priced, so a stage of 405B
-    # fits an 80 GB H100 only with its layers cut over a tensor axis too; the plain meshes
-    # offload instead, and the pipeline loses for its bubble and its traffic across hosts
+    # 126 layers: 2 stages take them all, 4 and 8 the last 124 and 120 (16 would leave 14);
+    # beside a pipeline no offload is priced, so a stage of 405B fits an 80 GB H100 only with
+    # its layers cut over a tensor axis too; the plain meshes offload instead, and the pipeline
+    # loses for its bubble and its traffic across hosts
     ranking = choose_mesh(H100_64, "llama3-405b", TrainSpec(global_batch=2048), top=3)
-    assert ranking.stages == (2,)
+    assert ranking.stages == (2, 4, 8)
     staged = ranking.with_pipeline
-    assert staged is not None and staged.estimate.pipeline.stages == 2
+    assert staged is not None and staged.estimate.pipeline.stages > 1
     assert staged.plan.shape["model"] > 1 and staged.train.remat_text == "full"
     s, w = staged.estimate, ranking.without_pipeline.estimate
     assert w is ranking[0].estimate and s.step_seconds > w.step_seconds
@@ -225,3 +232,28 @@ def test_a_batch_too_small_for_every_fitting_mesh_is_named():
 
 def _mesh(e):
     return " x ".join(f"{a}={n}" for a, n in e.mesh.items() if n > 1)
+
+
+@pytest.mark.parametrize(
+    ("model", "stages", "layers"),
+    [("llama3-405b", 2, 126), ("llama3-405b", 8, 120), ("llama3-405b", 16, 0),
+     ("deepseek-v3", 8, 56), ("deepseek-v3", 2, 58), ("mixtral-8x7b", 8, 32),
+     ("llama3-70b", 16, 80), ("llama3-70b", 32, 0)],
+)  # fmt: skip
+def test_stages_that_do_not_divide_the_layers_take_the_most_last_layers_they_divide(
+    model, stages, layers
+):
+    """The chooser's pipeline beside layers that do not divide (docs/design.md section 16):
+    the last layers of one kind that the stages divide (DeepSeek-V3's 3 dense layers, then
+    58 MoE ones), at most a stage's share left before the pipeline (405B's 126 over 16
+    stages would leave 14, 70B's 80 over 32 leave 16: not searched); a count the user gives
+    is kept."""
+    spec = ModelSpec.from_name(model)
+    assert dividing_layers(spec, stages) == layers
+    r = roles((("pipeline", stages), ("fsdp", 8)), ("fsdp",))
+    train = for_mesh(spec, TrainSpec(global_batch=128), r)
+    assert train.pipeline_layers == (0 if layers in (0, spec.num_layers) else layers)
+    if layers:
+        check_fit(spec, train, r)  # the stages it implies are ones the step takes
+    pinned = TrainSpec(global_batch=128, pipeline_layers=stages * 2)
+    assert for_mesh(spec, pinned, r).pipeline_layers == stages * 2

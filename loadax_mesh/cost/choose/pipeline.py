@@ -23,6 +23,7 @@ from typing import Any
 
 from ...workload.layout import PIPELINE_NAMES, Roles
 from ...workload.spec import ModelSpec, TrainSpec
+from ...workload.stages import dividing_layers
 from .recipes import PIPELINE_FIELDS, divisors
 from .space import Space
 
@@ -53,7 +54,8 @@ def dcn_pipelines(space: Space, granules: int, model: ModelSpec, train: TrainSpe
     """The pipelines the default search adds to `space` (docs/design.md section 12: over DCN
     first): a pipeline axis ahead of its axes whose S stages each span G / S whole granules
     (DCN factor S, ICI factor 1), for every S > 1 dividing the G granules and the pipelined
-    layers (`pipeline_layers`, else all). Only across granules: there the stages replace a batch
+    layers (`pipeline_layers`, else the most last layers of one kind S divides: search.py's
+    `for_mesh`). Only across granules: there the stages replace a batch
     axis's weight gathers or gradient reductions over the slow network, each step, by their
     micro-batches' activations; inside a granule FSDP and data parallelism run on the fast
     links and stages only add their bubble (tests/cost/test_choose_pipeline.py). Stages over
@@ -61,10 +63,10 @@ def dcn_pipelines(space: Space, granules: int, model: ModelSpec, train: TrainSpe
     `axes` with a pipeline axis searches them."""
     if granules == 1 or any(a in PIPELINE_NAMES for a in space.names):
         return []
-    layers = train.pipeline_layers or model.num_layers
     name = PIPELINE_NAMES[0]
     return [
         Space((name, *space.names), space.batch, ((s, s),))
         for s in divisors(granules)
-        if s > 1 and layers % s == 0
+        if s > 1
+        and (train.pipeline_layers % s == 0 if train.pipeline_layers else dividing_layers(model, s))
     ]

@@ -14,6 +14,7 @@ from ...errors import MeshConfigError
 from ...hardware.profile import DeviceFacts
 from ...workload.layout import Roles, check_fit, roles
 from ...workload.spec import ContextStrategy, ModelSpec, TrainSpec
+from ...workload.stages import dividing_layers
 from ..calibration import Calibrated
 from ..estimate import Estimate, Priced, across_granules, holds_tables, price
 from .pipeline import pipeline_recipes
@@ -57,7 +58,7 @@ class Search:
     def mesh(self, space: Space, sizes: tuple[int, ...]) -> list[Candidate]:
         """The splits of one shape that fit with some recipe, each with its bound."""
         r = roles(tuple(zip(space.names, sizes, strict=True)), space.batch)
-        model, train = self.model, for_mesh(self.train, r)
+        model, train = self.model, for_mesh(self.model, self.train, r)
         try:
             check_fit(model, train, r)
         except MeshConfigError:
@@ -126,7 +127,7 @@ class Search:
         folded = list(sizes)
         folded[into], folded[seq] = folded[into] * folded[seq], 1
         r = roles(tuple(zip(space.names, folded, strict=True)), space.batch)
-        train = for_mesh(self.train, r)
+        train = for_mesh(self.model, self.train, r)
         try:
             check_fit(self.model, train, r)
         except MeshConfigError:
@@ -149,7 +150,14 @@ class Search:
         model, train, device = self.model, self.train, self.device
         for r, held in self.unpriced:  # priced now, for the message's smallest need
             least = fitting_recipes(
-                model, for_mesh(train, r), self.wanted, r, device, held, self.headroom, floor=False
+                model,
+                for_mesh(model, train, r),
+                self.wanted,
+                r,
+                device,
+                held,
+                self.headroom,
+                floor=False,
             )[1]
             if least is not None:
                 self.smallest = least if self.smallest is None else min(self.smallest, least)
@@ -227,12 +235,20 @@ def key(p: Priced, peak: int) -> tuple[float, float, int]:
     return (p.time.seconds, sum(a.seconds for a in p.axes.values()), peak)
 
 
-def for_mesh(train: TrainSpec, r: Roles) -> TrainSpec:
+def for_mesh(model: ModelSpec, train: TrainSpec, r: Roles) -> TrainSpec:
     """`train` as the search prices it on a mesh: ZeRO-1 (`optimizer_over_data`) dropped
     where the mesh has no data-parallel axis to cut the optimizer over (there it is sharded
-    as the parameters are, which is all ZeRO-1 asks)."""
+    as the parameters are, which is all ZeRO-1 asks); beside a pipeline whose stages do not
+    divide the model's layers, and no `pipeline_layers` given, the most last layers they
+    divide (workload/stages.py `dividing_layers`; 405B's 126 over 8 stages: 120; where that
+    leaves more than a stage's share before the pipeline, the stages are not searched)."""
     if train.optimizer_over_data and not r.data_parallel_axes():
-        return replace(train, optimizer_over_data=False)
+        train = replace(train, optimizer_over_data=False)
+    stages = r.size("pipeline")
+    if stages > 1 and not train.pipeline_layers:
+        layers = dividing_layers(model, stages)
+        if layers not in (0, model.num_layers):
+            train = replace(train, pipeline_layers=layers)
     return train
 
 
@@ -249,7 +265,7 @@ def larger_batch(search: Search, spaces: list[Space], n: int) -> tuple[int, Cand
             if need == train.global_batch:
                 continue
             try:
-                check_fit(model, replace(for_mesh(train, r), global_batch=need), r)
+                check_fit(model, replace(for_mesh(model, train, r), global_batch=need), r)
             except MeshConfigError:
                 continue
             waiting.setdefault(need, []).append((space, sizes))
