@@ -118,6 +118,8 @@ AUTO_SEARCHES = {
     "moe": "kept as given (dropless by default); `any` searches both paths",
     "pipeline_microbatches": "searched on meshes with a pipeline axis unless given",
     "pipeline_repeats": "searched on meshes with a pipeline axis unless given",
+    "pipeline_schedule": "on meshes with a pipeline axis, 1f1b searched where gpipe's memory "
+    "does not fit, unless given",
 }
 # A field whose flag takes text that a parser turns into the field's value
 TEXT_FIELDS = {"remat": "POLICY"}

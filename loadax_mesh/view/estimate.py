@@ -161,6 +161,10 @@ def ranking_data(ranking: RankingView) -> dict[str, Any]:
         "pipeline_stages_searched": list(ranking.stages),  # by default, across granules
         # the winner with numerics the user did not choose: what -> its step seconds
         "other_numerics": dict(ranking.numerics),
+        # the fastest pipelined mesh under 1F1B: its peak bytes and GPipe's at the same recipe
+        "schedule_saves": None
+        if ranking.schedule_saves is None
+        else dict(zip(("1f1b_bytes", "gpipe_bytes"), ranking.schedule_saves, strict=True)),
         "choices": [
             {
                 "ici_mesh_shape": list(c.ici),

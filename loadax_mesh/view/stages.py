@@ -62,6 +62,13 @@ def pipeline_lines(ranking: RankingView) -> list[str]:
         f"across granules {s.time.across_granules:.2f} s{_dcn_axes(s)}"
     )
     out.append(f"with       {line}")
+    if ranking.schedule_saves is not None:
+        held, gpipe = ranking.schedule_saves
+        out.append(
+            f"schedule   1F1B: a stage holds {size_text(held)} where GPipe's schedule would hold "
+            f"{size_text(gpipe)} at the same recipe (the same step: 1F1B keeps only the "
+            "micro-batches in flight)"
+        )
     out.append(
         f"without    {_place(ranking, plain)} {_mesh(p)}: compute {p.time.compute:.2f} s; "
         f"across granules {p.time.across_granules:.2f} s{_dcn_axes(p)}"

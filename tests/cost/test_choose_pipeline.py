@@ -257,3 +257,19 @@ def test_stages_that_do_not_divide_the_layers_take_the_most_last_layers_they_div
         check_fit(spec, train, r)  # the stages it implies are ones the step takes
     pinned = TrainSpec(global_batch=128, pipeline_layers=stages * 2)
     assert for_mesh(spec, pinned, r).pipeline_layers == stages * 2
+
+
+def test_1f1b_is_searched_where_gpipe_does_not_fit_and_the_ranking_says_what_it_saves():
+    """LLaMA-3 70B, 2048 sequences on 64 H100 hosts over 10 Gb/s: the fastest pipelined mesh
+    runs 1F1B under full remat, GPipe's schedule at the same recipe being over the device's
+    limit (1F1B's step is GPipe's: it wins by fitting); pinned to GPipe, the search keeps it."""
+    slow, train = {"network_per_gpu": "10 Gbps"}, TrainSpec(global_batch=2048)
+    ranking = choose_mesh(H100_64, "llama3-70b", train, facts=slow, top=2)
+    staged = ranking.with_pipeline
+    assert staged.train.pipeline_schedule == "1f1b" and staged.train.remat == "full"
+    held, gpipe = ranking.schedule_saves
+    assert held == staged.estimate.memory_bytes < ranking.device.hbm_bytes * 0.9 < gpipe
+    assert "schedule   1F1B: a stage holds" in ranking_text(ranking)
+    pinned = [{"pipeline_schedule": "gpipe"}]
+    kept = choose_mesh(H100_64, "llama3-70b", train, facts=slow, top=2, recipes=pinned)
+    assert kept.with_pipeline.train.pipeline_schedule == "gpipe" and kept.schedule_saves is None

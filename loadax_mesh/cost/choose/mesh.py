@@ -99,6 +99,8 @@ class Ranking(list[Choice]):
         # the winner's mesh and recipe with the numerics the user did not choose (the other MoE
         # path, another precision the chip has a peak for): (what, its step seconds)
         self.numerics: list[tuple[str, float]] = []
+        # where `with_pipeline` runs 1F1B: its peak memory and GPipe's at the same recipe
+        self.schedule_saves: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         """The ranking as text, as `loadax-mesh plan --strategy auto` prints it."""
@@ -185,6 +187,11 @@ def choose_mesh(
     ranking.extend(planner.best(candidates, top))
     _pipeline_pair(ranking, candidates, planner)
     ranking.numerics = _other_numerics(ranking[0], model, wanted, facts)
+    staged = ranking.with_pipeline
+    if staged is not None and staged.train.pipeline_schedule == "1f1b":
+        gpipe = replace(staged.train, pipeline_schedule="gpipe")
+        held = estimate(staged.plan, model, gpipe, facts=facts).memory_bytes
+        ranking.schedule_saves = (staged.estimate.memory_bytes, held)
     return ranking
 
 

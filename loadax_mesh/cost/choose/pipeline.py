@@ -5,9 +5,10 @@ with.
 A mesh whose pipeline axis holds S > 1 stages is searched as cost/pipeline/stages.py prices it:
 dense and MoE layers over pipeline, fsdp, data, tensor, sequence and expert axes. Its recipes
 are every searched recipe times the pipeline's micro-batches M in (S, 2S, 4S) and repeats R in
-(1, 2), each field a recipe pins kept as pinned; the schedule is the train's (GPipe unless the
-user asks for 1F1B), not searched (its step is GPipe's: it changes the memory
-only, and searching both doubles the pipelined search). The counts that do not divide the
+(1, 2), each field a recipe pins kept as pinned. The schedule: GPipe, and 1F1B where GPipe's
+memory does not fit at the fewest micro-batches (cost/choose/recipes.py `_best`: 1F1B's step
+is GPipe's or slower, so it wins only by fitting); the train's or a recipe's schedule where
+given. The counts that do not divide the
 batch or the layers are dropped by the recipe search (cost/choose/recipes.py). Fewer
 micro-batches and repeats come first: among equal steps the search keeps the earlier recipe.
 On a mesh without a pipeline the pipeline fields are dropped (the step reads them only beside

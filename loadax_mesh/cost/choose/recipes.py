@@ -30,10 +30,11 @@ from ..pipeline.stages import stages_on
 # wide to offload).
 RECIPE_FIELDS = (
     "remat", "microbatches", "logits_chunks", "moe", "pipeline_microbatches", "pipeline_repeats",
+    "pipeline_schedule",
 )  # fmt: skip
 # The pipeline's fields, searched only on a mesh whose pipeline axis is larger than 1
 # (cost/choose/pipeline.py)
-PIPELINE_FIELDS = ("pipeline_microbatches", "pipeline_repeats")
+PIPELINE_FIELDS = ("pipeline_microbatches", "pipeline_repeats", "pipeline_schedule")
 # A MoE model's two paths (TrainSpec.moe): every token copy computed, or at most
 # capacity_factor x the even share per expert (the rest dropped)
 MOE_PATHS = MOE
@@ -61,12 +62,13 @@ class Recipe:
 
 def recipe_space(
     train: TrainSpec, rows: int, wanted: list[dict[str, Any]]
-) -> Iterator[tuple[MoePath, Remat, int, list[int], Pipe]]:
+) -> Iterator[tuple[MoePath, Remat, int, list[int], Pipe, bool]]:
     """The recipes to try for a mesh whose replicas each hold `rows` sequences: per MoE path,
     remat and chunk count (the search's order), the micro-batch counts in increasing order
-    (the caller keeps the fewest that fit), and the pipeline's (micro-batches, repeats) as the
-    recipe pins them (the train's otherwise). Each remat as a hashable value: a policy name,
-    or its (tensor, placement) pairs."""
+    (the caller keeps the fewest that fit), the pipeline's (micro-batches, repeats, schedule)
+    as the recipe pins them (the train's otherwise), and whether the schedule is free to search
+    (GPipe neither pinned nor the train's 1F1B). Each remat as a hashable value: a policy
+    name, or its (tensor, placement) pairs."""
     for fixed in wanted:
         remats = [fixed["remat"]] if "remat" in fixed else list(REMATS)
         chunks = [fixed["logits_chunks"]] if "logits_chunks" in fixed else list(LOGITS_CHUNKS)
@@ -74,12 +76,14 @@ def recipe_space(
         for remat in remats:
             for c in chunks:
                 micros = [m for m in micro if train.global_batch % m == 0]
+                schedule = fixed.get("pipeline_schedule", train.pipeline_schedule)
                 pipe = (
                     fixed.get("pipeline_microbatches", train.pipeline_microbatches),
                     fixed.get("pipeline_repeats", train.pipeline_repeats),
-                    train.pipeline_schedule,  # the user's: not searched (choose/pipeline.py)
+                    schedule,
                 )
-                yield fixed.get("moe", train.moe), _hashable(remat), c, micros, pipe
+                free = "pipeline_schedule" not in fixed and schedule == "gpipe"
+                yield fixed.get("moe", train.moe), _hashable(remat), c, micros, pipe, free
 
 
 def _hashable(remat: Any) -> Remat:
@@ -227,7 +231,7 @@ class MeshRecipes:
         model's error leaves possible in the terms no recipe changes
         (`pipeline_memory_floor`), so that no recipe fits."""
         floors: dict[Pipe, int] = {}
-        for path, remat, _, micro, pipe in recipe_space(self.train, rows, wanted):
+        for path, remat, _, micro, pipe, _ in recipe_space(self.train, rows, wanted):
             micro = [] if pipe in floors else self.staged(path, remat, micro, pipe)
             t = self.spec(path, remat, micro[0], pipe) if micro else None
             if t is None or "offload" in t.placements.values():
@@ -344,7 +348,7 @@ def fitting_recipes(
     offloads = not missing_host_facts(facts)
     out: list[Recipe] = []
     seen: set[tuple[MoePath, Remat, int, int, Pipe]] = set()  # (path, remat, C, M, pipe) found
-    for path, remat, c, micro, pipe in recipe_space(train, rows, wanted):
+    for path, remat, c, micro, pipe, free in recipe_space(train, rows, wanted):
         if staged:
             micro = search.staged(path, remat, micro, pipe)
         if not micro:
@@ -354,12 +358,27 @@ def fitting_recipes(
             continue  # the catalogue cannot judge an offload here (none beside a pipeline)
         if not search.chunks_ok(first, c):
             continue
-        found = search.found(path, remat, c, micro, pipe)
-        if found is None or (path, first.remat, c, found.train.microbatches, pipe) in seen:
-            continue
-        seen.add((path, first.remat, c, found.train.microbatches, pipe))
-        out.append(replace(found, train=with_chunks(found.train, c)))
+        found = [(search.found(path, remat, c, micro, pipe), pipe)]
+        # 1F1B recomputes every layer whatever the policy (pipeline/stages.py `stage_train`):
+        # searched under full remat alone, which is what it runs
+        if staged and free and remat == "full" and not _best(found[0][0], micro[0]):
+            other: Pipe = (pipe[0], pipe[1], "1f1b")
+            staged_1f1b = search.staged(path, remat, micro, other)
+            if staged_1f1b:
+                found.append((search.found(path, remat, c, staged_1f1b, other), other))
+        for f, p in found:
+            if f is None or (path, first.remat, c, f.train.microbatches, p) in seen:
+                continue
+            seen.add((path, first.remat, c, f.train.microbatches, p))
+            out.append(replace(f, train=with_chunks(f.train, c)))
     return out, min(search.least, default=None)
+
+
+def _best(found: Recipe | None, fewest: int) -> bool:
+    """Whether a GPipe recipe under full remat leaves 1F1B nothing to win: it fits within the
+    headroom at the fewest micro-batches searched. 1F1B's step is that recipe's, so it can
+    win only by fitting where GPipe does not, or with fewer micro-batches."""
+    return found is not None and not found.beyond and found.train.microbatches == fewest
 
 
 def check_recipes(
