@@ -104,9 +104,10 @@ class PlatformTraits:
     regathers_attention_weights: bool
     # XLA's GPU compiler takes the unembedding's weight gradient after the backward layer loop
     # and sets up the input table's gradient before it: the logits' gradient and one table's
-    # gradient (compute dtype) are live through the loop (its live ranges at the peak: LLaMA-3
-    # 8B x2 layers over fsdp 8 at 16k and over fsdp 2 x seq 4 at 64k, compile-only H100s).
-    # libtpu takes both at the head. Not measured under a pipeline (its own "kept logits").
+    # gradient (compute dtype) are live through the loop where their gradients are reduced
+    # across devices (its live ranges: LLaMA-3 8B x2 layers over fsdp 8 at 16k and over fsdp
+    # 2 x seq 4 at 64k, compile-only H100s; on one H200 it takes them at the head). libtpu
+    # takes both at the head. Not measured under a pipeline (its own "kept logits").
     holds_head_gradients_in_loop: bool
 
     def compile_options(self, dump_dir: str) -> dict[str, Any] | None:

@@ -68,9 +68,10 @@ def memory_terms(
         "batch": _batch_bytes(sh, tile),
         "activations": activations,
         "logits": logits,
-        # the logits' gradient (half the term) and one table's gradient
+        # the logits' gradient (half the term) and one table's gradient, where the tables'
+        # gradients are reduced across devices
         "head gradients": (logits // 2 + terms["embeddings"] // 2)
-        * traits.holds_head_gradients_in_loop,
+        * (traits.holds_head_gradients_in_loop and roles.size("batch") * roles.size("seq") > 1),
         "attention bias": _attention_bias(model, train, sh, roles, tile, kernel),
         # Gradient accumulation: the running sum of every gradient shard, in float32.
         "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
