@@ -77,7 +77,7 @@ class CompileReport:
     model: str
     global_batch: int
     remat: str
-    attention: str  # what ran: "splash", "cudnn", "xla" or "plain"
+    attention: str  # what ran: "splash", "cudnn", "xla" (ring attention's tiles too) or "plain"
     compile_seconds: float
     argument_bytes: int | None
     output_bytes: int | None
@@ -238,7 +238,7 @@ def _common(
         seq_len=model.seq_len,
         global_batch=train.global_batch,
         remat=train.remat_text,
-        attention=attention_kernel(train.attention, platform),
+        attention=_attention_run(train, platform, dict(mesh.shape)),
         hbm_bytes=None if hbm is None else int(hbm),
         host_memory_bytes=None if host is None else int(host),
         microbatches=train.microbatches,
@@ -308,6 +308,14 @@ def assigned_bytes(dump: Path, module: str = "") -> int | None:
         if found is not None:
             return int(found[1])
     return None
+
+
+def _attention_run(train: TrainSpec, platform: str, shape: dict[str, int]) -> str:
+    """What the step's attention ran as: ring attention's tiles over a seq axis are XLA's
+    einsums on every platform (workload/ring.py), else the platform's kernel for the kind."""
+    if train.context_strategy == "ring" and shape.get("seq", 1) > 1:
+        return "xla"
+    return attention_kernel(train.attention, platform)
 
 
 def _given(profile: HardwareProfile) -> dict[str, str]:

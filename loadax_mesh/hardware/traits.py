@@ -102,6 +102,13 @@ class PlatformTraits:
     # gathered copies through the MLP's backward (0.9 GB on GPT-3 175B at fsdp 256). Not
     # measured on GPU, where the step keeps them (its memory model was fitted so).
     regathers_attention_weights: bool
+    # XLA's GPU compiler takes the unembedding's weight gradient after the backward layer loop
+    # and sets up the input table's gradient before it: the logits' gradient and one table's
+    # gradient (compute dtype) are live through the loop where their gradients are reduced
+    # across devices (its live ranges: LLaMA-3 8B x2 layers over fsdp 8 at 16k and over fsdp
+    # 2 x seq 4 at 64k, compile-only H100s; on one H200 it takes them at the head). libtpu
+    # takes both at the head. Not measured under a pipeline (its own "kept logits").
+    holds_head_gradients_in_loop: bool
 
     def compile_options(self, dump_dir: str) -> dict[str, Any] | None:
         """Options for `Lowered.compile`: where the compiler judges fit (libtpu), a dump
@@ -138,6 +145,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         relayouts_experts=False,
         overlaps_tensor_collectives=True,
         regathers_attention_weights=True,
+        holds_head_gradients_in_loop=False,
     ),
     "gpu": PlatformTraits(
         platform="gpu",
@@ -166,6 +174,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         relayouts_experts=True,
         overlaps_tensor_collectives=False,
         regathers_attention_weights=False,
+        holds_head_gradients_in_loop=True,
     ),
     "cpu": PlatformTraits(
         platform="cpu",
@@ -194,6 +203,7 @@ _TRAITS: dict[Platform, PlatformTraits] = {
         relayouts_experts=False,
         overlaps_tensor_collectives=False,
         regathers_attention_weights=False,
+        holds_head_gradients_in_loop=False,
     ),
 }
 

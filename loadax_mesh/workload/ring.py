@@ -188,6 +188,11 @@ def _forward(q, k, v, q_pos, kv_pos, axis: str, window: int, t: int):
     """The output and each row's log-sum-exp [n, b, kvh, g, t]."""
     b, s, h, _ = q.shape
     kvh, dv, n = k.shape[2], v.shape[-1], s // t
+    # The masks come from the positions alone: under a layer scan whose positions are a loop
+    # invariant, jax's partial evaluation would compute every hop's tile masks once outside
+    # the loop and hold them all ([hops, tiles, tiles, b, kvh, g, t, t], 97.6 GiB at 32k on a
+    # v5p: docs/notes/2026-12-02-ring-attention.md). Tied to q, they stay in their tile.
+    q, q_pos = lax.optimization_barrier((q, q_pos))
     qt, qp = _q_tiles(q, kvh, t), q_pos.reshape(n, t)
     rows = (n, b, kvh, h // kvh, t)
     state = (jnp.full(rows, _NEG, _F32), jnp.zeros(rows, _F32), jnp.zeros((*rows, dv), _F32))

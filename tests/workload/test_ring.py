@@ -106,6 +106,39 @@ def test_the_compiled_ring_step_passes_blocks_by_collective_permute():
     assert "all-gather" not in text
 
 
+@pytest.mark.slow
+def test_a_layer_scan_holds_no_tile_masks_of_every_hop():
+    """Under a scan of layers whose positions are a loop invariant (the step's), the layers'
+    forward and backward hold what they hold with the positions scanned per layer: no tile
+    masks of every hop computed once outside the loop and kept (7x the temp before
+    ring.py tied the positions to q)."""
+    seq, tile = 2048, 256
+    mesh = Mesh(np.array(jax.devices()[:4]), ("seq",))
+    spec = P(None, "seq")
+    pos = jnp.asarray(shard_positions(seq, 4, balanced=True).reshape(-1))
+
+    def local(x, at):
+        kv = x[:, :, :KV_HEADS]
+        return ring_attention(x, kv, kv, axis_name="seq", q_pos=at, kv_pos=at, tile=tile)
+
+    attend = jax.shard_map(local, mesh=mesh, in_specs=(spec, P("seq")), out_specs=spec)
+
+    def invariant(x):
+        y, _ = jax.lax.scan(lambda c, _: (attend(c, pos) + c, None), x, None, length=2)
+        return (y.astype(jnp.float32) ** 2).sum()
+
+    def scanned(x):
+        y, _ = jax.lax.scan(lambda c, at: (attend(c, at) + c, None), x, jnp.stack([pos, pos]))
+        return (y.astype(jnp.float32) ** 2).sum()
+
+    x = jax.ShapeDtypeStruct((1, seq, HEADS, 64), jnp.bfloat16)
+
+    def temp(f) -> int:
+        return jax.jit(jax.grad(f)).lower(x).compile().memory_analysis().temp_size_in_bytes
+
+    assert temp(invariant) <= 1.2 * temp(scanned)
+
+
 def test_shard_positions_are_the_dual_chunk_swap_order():
     # MaxText's reorder_sequence docstring, cp = 2: [0..7] -> [0, 1, 6, 7, 2, 3, 4, 5]
     assert shard_positions(8, 2, balanced=True).tolist() == [[0, 1, 6, 7], [2, 3, 4, 5]]

@@ -63,16 +63,40 @@ def memory_terms(
     layer = layer_term(model, train, roles, device)
     if traits.fuses_unlooped_gradients and model.num_layers == 1 == train.microbatches:
         terms["gradients"] = 0  # no layer loop: each gradient fused into its update
+    logits = -(-logits // train.logits_chunks)
     return terms | {
         "batch": _batch_bytes(sh, tile),
         "activations": activations,
-        "logits": -(-logits // train.logits_chunks),
+        "logits": logits,
+        # the logits' gradient (half the term) and one table's gradient, where the tables'
+        # gradients are reduced across devices
+        "head gradients": (logits // 2 + terms["embeddings"] // 2)
+        * (traits.holds_head_gradients_in_loop and roles.size("batch") * roles.size("seq") > 1),
+        "attention bias": _attention_bias(model, train, sh, roles, tile, kernel),
         # Gradient accumulation: the running sum of every gradient shard, in float32.
         "accumulator": shard_bytes(model, roles, 4, tile) * (train.microbatches > 1),
         "layer": layer,
         "expert stacks": _expert_stacks(model, roles, train.param_dtype) * traits.relayouts_experts,
         **_quantized(model, train, roles),
     }
+
+
+def _attention_bias(
+    model: ModelSpec,
+    train: TrainSpec,
+    sh: Shapes,
+    roles: Roles,
+    tile: tuple[int, int] | None,
+    kernel: str,
+) -> int:
+    """cuDNN over a split sequence (all_gather) takes its mask from positions as a bias
+    [1, 1, queries, keys] in the compute dtype (workload/attention.py `_fused`): the backward
+    pass's recomputed bias is live at the layer loop's peak (2 GiB of LLaMA-3 8B's at 64k over
+    seq 4, 8 GiB at 128k, compile-only H100s). Ring attention and the other kernels take none."""
+    split = roles.size("seq") > 1 and train.context_strategy == "all_gather"
+    if kernel != "cudnn" or not split:
+        return 0
+    return stored((1, 1, sh.seq, model.seq_len), dtype_bytes(train.compute_dtype), tile)
 
 
 def _quantized(model: ModelSpec, train: TrainSpec, roles: Roles) -> dict[str, int]:
@@ -246,6 +270,8 @@ TERMS: dict[str, tuple[str, ...]] = {
     "embeddings": ("backward head", "tail"),
     "reduced gradients": ("layer loop", "tail"),
     "layer": ("layer loop",),
+    "head gradients": ("layer loop",),
+    "attention bias": ("layer loop",),
     "quantized": ("layer loop",),
     "held tables": ("tail",),
     # a pipelined step's own (cost/pipeline/memory.py)

@@ -70,6 +70,7 @@ def pipeline_memory_terms(
         # gradient is taken after the stages' backward pass; beside a sequence axis they take
         # it before (two compiles: only the unembedding's gradient shard stays).
         "kept logits": outer["logits"] // 2 * (r.size("seq") == 1),
+        "head gradients": 0,  # the pipelined step's head is priced by "kept logits"
         # One checkpoint an iteration (pipeline_remat "iteration", MaxText's): the backward
         # pass of a chunk recomputes all its layers before it differentiates them, so beside
         # the layer being differentiated the other per_chunk - 1 hold what they keep for it.
