@@ -42,6 +42,7 @@ from loadax_mesh.compiler.report import assigned_bytes
 # model a catalogue name, with integer field overrides after a colon (fewer layers compile
 # here in minutes; the export resizes MaxText's own config of the model to match)
 MIXTRAL_4L = "mixtral-8x7b:num_layers=4,seq_len=8192"  # full width, 4 of 32 layers
+LLAMA_32K = "llama3-8b:num_layers=4,seq_len=32768"
 CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
     ("tpu-v5p-512", "fsdp", "llama3-8b", 256, {}),  # docs/exports.md's MaxText export
     ("tpu-v5p-1024", "auto", "llama3-70b", 512, {}),  # docs/exports.md, --strategy auto
@@ -63,10 +64,14 @@ CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
         {"pipeline_repeats": 2, "pipeline_remat": "iteration"},
     ),
     ("tpu-v5p-128", "pipeline4_fsdp", "llama3-8b", 64, {}),
+    # context parallelism: fsdp 2 x seq 4 at 32k tokens, keys gathered whole or passed round
+    ("tpu-v5p-16", "fsdp_seq4", LLAMA_32K, 2, {"context_strategy": "all_gather"}),
+    ("tpu-v5p-16", "fsdp_seq4", LLAMA_32K, 2, {"context_strategy": "ring"}),
 ]
 # Meshes no preset names: (mesh_shape, mesh_axis_names, batch_axis_names) of a MeshConfig.
 MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {
     "pipeline4_fsdp": ((4, -1), ("pipeline", "fsdp"), ("fsdp",)),
+    "fsdp_seq4": ((-1, 4), ("fsdp", "seq"), ("fsdp",)),
 }
 TARGET = 0.25
 LOCKED = ("TPU in use", "lockfile", "libtpu_lockfile", "Resource busy")

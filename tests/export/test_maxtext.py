@@ -118,6 +118,31 @@ def test_sequence_parallel_is_maxtext_context_with_its_strategy_and_load_balance
     assert "context_parallel_strategy" not in plain.keys
 
 
+def test_tpu_ring_asks_for_tokamax_splash_and_what_maxtext_refuses_is_refused() -> None:
+    """MaxText's TPU ring is tokamax's splash ring kernel: its config check refuses the ring
+    without use_tokamax_splash=true (found by train_compile), and with plain attention or a
+    sequence not divisible by the context size squared."""
+    plan = _plan("dp_sp", "tpu-v5litepod-8")  # seq 4
+    model = ModelSpec.from_name("llama3-8b")
+    ring = plan.to_maxtext(
+        TrainSpec(global_batch=4, context_strategy="ring"), model=model, order=False
+    )
+    assert ring.keys["use_tokamax_splash"] == "true"
+    assert ring.keys["attention"] == "flash"
+    gathered = plan.to_maxtext(TrainSpec(global_batch=4), model=model, order=False)
+    assert "use_tokamax_splash" not in gathered.keys
+    with pytest.raises(MeshConfigError, match="attention='plain'"):
+        plan.to_maxtext(
+            TrainSpec(global_batch=4, context_strategy="ring", attention="plain"), order=False
+        )
+    odd = replace(model, seq_len=8200)  # 8200 % 16 == 8
+    with pytest.raises(MeshConfigError, match="seq_len=8200"):
+        plan.to_maxtext(TrainSpec(global_batch=4, context_strategy="ring"), model=odd, order=False)
+    gpu = _plan("dp_sp", "gpu-p5.48xlarge-8")  # MaxText's GPU ring has none of these checks
+    keys = gpu.to_maxtext(TrainSpec(global_batch=4, context_strategy="ring"), order=False).keys
+    assert keys["context_parallel_strategy"] == "ring" and "use_tokamax_splash" not in keys
+
+
 def test_maxtext_order_is_judged_beside_ours_and_split_axes_are_asked_for() -> None:
     plan = _plan("fsdp_tp", "tpu-v5litepod-256-2")
     config = plan.to_maxtext(TrainSpec(global_batch=512))
