@@ -53,6 +53,9 @@ class Search:
         self.unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
         self.fits = f"{1 - headroom:.0%} of memory nor within the model's error of all of it"
         self._whole: dict[tuple[int, ...], bool] = {}  # folded shape -> some recipe fits
+        # (roles, tables held, train) -> fitting_recipes's answer: the folded meshes of
+        # `_whole_sequences_fit` are meshes of the search too
+        self._fitting: dict[tuple[Roles, bool, TrainSpec], tuple[list[Recipe], int | None]] = {}
 
     def mesh(self, space: Space, sizes: tuple[int, ...]) -> list[Candidate]:
         """The splits of one shape that fit with some recipe, each with its bound."""
@@ -108,7 +111,7 @@ class Search:
         least: int | None = None
         for strategy in strategies:
             t = replace(train, context_strategy=strategy)
-            more, low = fitting_recipes(self.model, t, here, r, self.device, held, self.headroom)
+            more, low = self._fitting_recipes(t, here, r, held)
             found += more
             if low is not None:
                 least = low if least is None else min(least, low)
@@ -133,10 +136,21 @@ class Search:
             return False
         key = tuple(folded)
         if key not in self._whole:
-            wanted = pipeline_recipes(self.wanted, r)
-            fit = fitting_recipes(self.model, train, wanted, r, self.device, False, self.headroom)
+            fit = self._fitting_recipes(train, pipeline_recipes(self.wanted, r), r, False)
             self._whole[key] = bool(fit[0])
         return self._whole[key]
+
+    def _fitting_recipes(
+        self, train: TrainSpec, wanted: list[dict[str, Any]], r: Roles, held: bool
+    ) -> tuple[list[Recipe], int | None]:
+        """`fitting_recipes` on this mesh, found once a search (`wanted` is the search's on
+        `r`, `pipeline_recipes`)."""
+        key = (r, held, train)
+        if key not in self._fitting:
+            self._fitting[key] = fitting_recipes(
+                self.model, train, wanted, r, self.device, held, self.headroom
+            )
+        return self._fitting[key]
 
     def _prune(self, space: Space, sizes: tuple[int, ...], reason: str) -> None:
         k = space.count(sizes, self.granules)
