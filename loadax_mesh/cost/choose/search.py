@@ -16,6 +16,7 @@ from ...workload.layout import Roles, check_fit, roles
 from ...workload.spec import ContextStrategy, ModelSpec, TrainSpec
 from ..calibration import Calibrated
 from ..estimate import Estimate, Priced, across_granules, holds_tables, price
+from ..step import step_cost
 from .pipeline import pipeline_recipes
 from .recipes import Recipe, fitting_recipes
 from .space import ACROSS, WHOLE, Candidate, Space, across, tally
@@ -214,23 +215,43 @@ def fastest(
     """The fastest of the recipes on this mesh (`efficiency`: each axis's link factor). A
     recipe beyond the headroom is unsure and ranks after every sure one, so those are
     priced only where no recipe within it is sure. Each recipe is priced (`price`), the
-    winner alone written out as an Estimate."""
+    winner alone written out as an Estimate. Recipes are priced by their compute first
+    (`compute_floor`, a lower bound on their step), and one whose floor is slower than the
+    best priced so far (and no surer) is not priced: it cannot win."""
     sizes = tuple(s for _, s in r.sizes)
     calibrated = Calibrated.of(facts.platform)
     dcn = across_granules(facts, factors, calibrated.dcn_latency, calibrated.slice_bandwidth)
+    floors = [compute_floor(model, recipe, r, facts, calibrated) for recipe in recipes]
+    order = sorted(range(len(recipes)), key=floors.__getitem__)
     scored: list[tuple[tuple[Any, ...], Recipe, Priced]] = []
+    lead: tuple[Any, ...] | None = None  # the best key so far
     for beyond in (False, True):
         if beyond and any(not s[0][0] for s in scored):
             break
-        for k, recipe in enumerate(recipes):
-            if recipe.beyond != beyond:
+        for k in order:
+            recipe = recipes[k]
+            if recipe.beyond != beyond or (lead and (beyond, floors[k]) > lead[:2]):
                 continue
             p = price(model, recipe.train, r, factors, efficiency, facts, calibrated,
                       terms=recipe.terms, dcn=dcn)  # fmt: skip
+            assert p.time.seconds >= floors[k], "compute_floor is no lower bound"
             unsure = recipe.beyond or bool(p.assumes)
             scored.append(((unsure, *key(p, recipe.peak), k, sizes), recipe, p))
+            lead = min(lead or scored[-1][0], scored[-1][0])
     best, recipe, p = min(scored, key=lambda s: s[0])
     return Scored(best, recipe.train, p.estimate(), recipe.beyond)
+
+
+def compute_floor(
+    model: ModelSpec, recipe: Recipe, r: Roles, facts: DeviceFacts, calibrated: Calibrated
+) -> float:
+    """The recipe's compute seconds on this mesh: its step with no collective and no offload.
+    A lower bound on its step on any rings: the step is max(compute, hidden) + exposed +
+    across granules + offload (timing/step.py), each a sum of non-negative seconds, and
+    rounding is monotone, so the float sum is never below the compute."""
+    step = step_cost(model, recipe.train, r)
+    kept = recipe.terms["activations"]
+    return step.time(facts, (0.0, 0.0, 0.0), calibrated, offload_bytes=0.0, kept_bytes=kept).seconds
 
 
 def key(p: Priced, peak: int) -> tuple[float, float, int]:
