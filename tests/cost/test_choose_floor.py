@@ -1,6 +1,7 @@
 """The chooser's compute floor (cost/choose/search.py's `compute_floor`): a lower bound on every
 recipe's priced step, so that `fastest`, which skips a recipe whose floor is slower than the
-best priced, returns what pricing every recipe would. Pure, no compile."""
+best priced, returns what pricing every recipe would, and a mesh's floor one on its bound (the
+planner prices a bound only when its floor comes first). Pure, no compile."""
 
 from __future__ import annotations
 
@@ -66,4 +67,5 @@ def test_floor_bounds_every_recipe_and_fastest_is_exhaustive(case) -> None:
         # pricing every recipe: a sure one ranks before every unsure one, so the least key
         best = fastest(model, c.roles, c.factors, links, device, c.recipes)
         assert best.key[:-1] == min(keys) and c.bound == best.key
+        assert c.floor <= c.bound  # the planner waits on the floor before pricing the bound
     assert held[case[-1]]  # each case searches what it names

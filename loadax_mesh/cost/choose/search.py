@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, get_args
 
 from ...errors import MeshConfigError
@@ -76,7 +77,7 @@ class Search:
         # the recipes that fit, and the least memory of those that do not, by whether the
         # split holds the embedding tables for a reduction across granules (memory depends on
         # nothing else of the split)
-        fitting: dict[bool, tuple[list[Recipe], int | None]] = {}
+        fitting: dict[bool, tuple[list[Recipe], int | None, list[float]]] = {}
         out = []
         for dcn in space.splits(sizes, self.granules):
             self.considered += 1
@@ -87,8 +88,9 @@ class Search:
             factors = dict(zip(space.names, zip(ici, dcn, strict=True), strict=True))
             held = holds_tables(self.device, r, factors)
             if held not in fitting:
-                fitting[held] = self._recipes(train, r, held)
-            recipes_here, least = fitting[held]
+                found, low = self._recipes(train, r, held)
+                fitting[held] = found, low, self._floors(r, found)
+            recipes_here, least, floors = fitting[held]
             if not recipes_here:
                 if least is not None:
                     self.smallest = least if self.smallest is None else min(self.smallest, least)
@@ -96,9 +98,27 @@ class Search:
                     self.unpriced.append((r, held))
                 tally(self.pruned, f"no recipe fits in {self.fits}", 1)
                 continue
-            bound = fastest(model, r, factors, links, self.device, recipes_here).key
-            out.append(Candidate(bound, space, r, factors, recipes_here))
+            lowest = (all(x.beyond for x in recipes_here), min(floors))
+            bound = partial(self._bound, r, factors, links, recipes_here, floors)
+            out.append(Candidate(lowest, space, r, factors, recipes_here, floors, bound))
         return out
+
+    def _floors(self, r: Roles, recipes: list[Recipe]) -> list[float]:
+        """Each recipe's compute floor on this mesh (`compute_floor`: none depends on the
+        split)."""
+        calibrated = Calibrated.of(self.device.platform)
+        return [compute_floor(self.model, x, r, self.device, calibrated) for x in recipes]
+
+    def _bound(
+        self,
+        r: Roles,
+        factors: dict[str, tuple[int, int]],
+        links: dict[str, float],
+        recipes: list[Recipe],
+        floors: list[float],
+    ) -> tuple[Any, ...]:
+        """A mesh's bound: the key of its fastest recipe on perfect rings (`links`)."""
+        return fastest(self.model, r, factors, links, self.device, recipes, floors).key
 
     def _recipes(self, train: TrainSpec, r: Roles, held: bool) -> tuple[list[Recipe], int | None]:
         """The recipes that fit the mesh and the least memory of those that do not; on a mesh
@@ -211,17 +231,20 @@ def fastest(
     efficiency: dict[str, float],
     facts: DeviceFacts,
     recipes: list[Recipe],
+    floors: list[float] | None = None,
 ) -> Scored:
     """The fastest of the recipes on this mesh (`efficiency`: each axis's link factor). A
     recipe beyond the headroom is unsure and ranks after every sure one, so those are
     priced only where no recipe within it is sure. Each recipe is priced (`price`), the
     winner alone written out as an Estimate. Recipes are priced by their compute first
-    (`compute_floor`, a lower bound on their step), and one whose floor is slower than the
-    best priced so far (and no surer) is not priced: it cannot win."""
+    (`floors`: each one's `compute_floor`, a lower bound on its step; None: found here), and
+    one whose floor is slower than the best priced so far (and no surer) is not priced: it
+    cannot win."""
     sizes = tuple(s for _, s in r.sizes)
     calibrated = Calibrated.of(facts.platform)
     dcn = across_granules(facts, factors, calibrated.dcn_latency, calibrated.slice_bandwidth)
-    floors = [compute_floor(model, recipe, r, facts, calibrated) for recipe in recipes]
+    if floors is None:
+        floors = [compute_floor(model, recipe, r, facts, calibrated) for recipe in recipes]
     order = sorted(range(len(recipes)), key=floors.__getitem__)
     scored: list[tuple[tuple[Any, ...], Recipe, Priced]] = []
     lead: tuple[Any, ...] | None = None  # the best key so far
