@@ -22,6 +22,7 @@ if not ranked), so that its text can say what the pipeline costs and saves.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -268,9 +269,9 @@ def _host_notes(ranking: Ranking, device: DeviceFacts, hardware: str) -> None:
 def _candidates(
     search: Search, spaces: list[Space], n: int, hardware: str, ranking: Ranking
 ) -> list[Candidate]:
-    """Every mesh of `spaces` over `n` devices that fits with some recipe, by bound (what was
-    considered and pruned counted on `ranking`); an error where no mesh's data-parallel degree
-    divides the batch, or where none fits."""
+    """Every mesh of `spaces` over `n` devices that fits with some recipe, in the search's
+    order, its bound not yet priced (what was considered and pruned counted on `ranking`); an
+    error where no mesh's data-parallel degree divides the batch, or where none fits."""
     candidates = [c for s in spaces for sizes in s.shapes(n) for c in search.mesh(s, sizes)]
     ranking.considered, ranking.pruned = search.considered, search.pruned
     if not search.batch_ok:
@@ -281,7 +282,6 @@ def _candidates(
         )
     if not candidates:
         raise search.no_fit(spaces, n, hardware)
-    candidates.sort(key=lambda c: c.bound)
     return candidates
 
 
@@ -309,21 +309,33 @@ class Planner:
             config = MeshConfig(HybridMeshShape(c.ici, c.dcn), c.space.names, c.space.batch)
             plan = plan_config(config, self.devices, granule="auto", hardware=self.hardware)
             efficiency = {a: q.link_factor for a, q in plan.quality().items()}
-            best = fastest(self.model, c.roles, c.factors, efficiency, self.device, c.recipes)
+            best = fastest(
+                self.model, c.roles, c.factors, efficiency, self.device, c.recipes, c.floors
+            )
             self.ranking.planned += 1
             choice = Choice(config, plan, best.estimate, best.train, best.beyond)
             self._done[id(c)] = (best.key, choice)
         return self._done[id(c)]
 
     def best(self, group: list[Candidate], k: int) -> list[Choice]:
-        """The `k` best of `group` (sorted by bound) on the planner's rings: planned in order
-        until the next one's bound does not beat the k-th (perfect rings would not beat it:
-        neither will real ones)."""
+        """The `k` best of `group` on the planner's rings: planned in order of bound (ties in
+        `group`'s order) until the next one's bound does not beat the k-th (perfect rings
+        would not beat it: neither will real ones). A bound is priced only when its floor
+        (`Candidate.floor`, below it) comes first: candidates wait in a heap under their
+        floor, then under their bound, so they leave it in order of bound."""
         best: list[tuple[tuple[Any, ...], Choice]] = []
-        for c in group:
-            if len(best) >= k and c.bound >= best[k - 1][0]:
-                break
-            best.append(self.choice(c))
+        heap: list[tuple[tuple[Any, ...], bool, int]] = [
+            (c.floor, False, i) for i, c in enumerate(group)
+        ]
+        heapq.heapify(heap)
+        while heap:
+            at, priced, i = heapq.heappop(heap)
+            if len(best) >= k and at >= best[k - 1][0]:
+                break  # what is left is at least `at`
+            if not priced:
+                heapq.heappush(heap, (group[i].bound, True, i))
+                continue
+            best.append(self.choice(group[i]))
             best.sort(key=lambda b: b[0])
         return [choice for _, choice in best[:k]]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, get_args
 
 from ...errors import MeshConfigError
@@ -17,6 +18,7 @@ from ...workload.spec import ContextStrategy, ModelSpec, TrainSpec
 from ...workload.stages import dividing_layers
 from ..calibration import Calibrated
 from ..estimate import Estimate, Priced, across_granules, holds_tables, price
+from ..step import step_cost
 from .pipeline import pipeline_recipes
 from .recipes import Recipe, fitting_recipes
 from .space import ACROSS, WHOLE, Candidate, Space, across, tally
@@ -54,6 +56,9 @@ class Search:
         self.unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
         self.fits = f"{1 - headroom:.0%} of memory nor within the model's error of all of it"
         self._whole: dict[tuple[int, ...], bool] = {}  # folded shape -> some recipe fits
+        # (roles, tables held, train) -> fitting_recipes's answer: the folded meshes of
+        # `_whole_sequences_fit` are meshes of the search too
+        self._fitting: dict[tuple[Roles, bool, TrainSpec], tuple[list[Recipe], int | None]] = {}
 
     def mesh(self, space: Space, sizes: tuple[int, ...]) -> list[Candidate]:
         """The splits of one shape that fit with some recipe, each with its bound."""
@@ -73,7 +78,7 @@ class Search:
         # the recipes that fit, and the least memory of those that do not, by whether the
         # split holds the embedding tables for a reduction across granules (memory depends on
         # nothing else of the split)
-        fitting: dict[bool, tuple[list[Recipe], int | None]] = {}
+        fitting: dict[bool, tuple[list[Recipe], int | None, list[float]]] = {}
         out = []
         for dcn in space.splits(sizes, self.granules):
             self.considered += 1
@@ -84,8 +89,9 @@ class Search:
             factors = dict(zip(space.names, zip(ici, dcn, strict=True), strict=True))
             held = holds_tables(self.device, r, factors)
             if held not in fitting:
-                fitting[held] = self._recipes(train, r, held)
-            recipes_here, least = fitting[held]
+                found, low = self._recipes(train, r, held)
+                fitting[held] = found, low, self._floors(r, found)
+            recipes_here, least, floors = fitting[held]
             if not recipes_here:
                 if least is not None:
                     self.smallest = least if self.smallest is None else min(self.smallest, least)
@@ -93,9 +99,27 @@ class Search:
                     self.unpriced.append((r, held))
                 tally(self.pruned, f"no recipe fits in {self.fits}", 1)
                 continue
-            bound = fastest(model, r, factors, links, self.device, recipes_here).key
-            out.append(Candidate(bound, space, r, factors, recipes_here))
+            lowest = (all(x.beyond for x in recipes_here), min(floors))
+            bound = partial(self._bound, r, factors, links, recipes_here, floors)
+            out.append(Candidate(lowest, space, r, factors, recipes_here, floors, bound))
         return out
+
+    def _floors(self, r: Roles, recipes: list[Recipe]) -> list[float]:
+        """Each recipe's compute floor on this mesh (`compute_floor`: none depends on the
+        split)."""
+        calibrated = Calibrated.of(self.device.platform)
+        return [compute_floor(self.model, x, r, self.device, calibrated) for x in recipes]
+
+    def _bound(
+        self,
+        r: Roles,
+        factors: dict[str, tuple[int, int]],
+        links: dict[str, float],
+        recipes: list[Recipe],
+        floors: list[float],
+    ) -> tuple[Any, ...]:
+        """A mesh's bound: the key of its fastest recipe on perfect rings (`links`)."""
+        return fastest(self.model, r, factors, links, self.device, recipes, floors).key
 
     def _recipes(self, train: TrainSpec, r: Roles, held: bool) -> tuple[list[Recipe], int | None]:
         """The recipes that fit the mesh and the least memory of those that do not; on a mesh
@@ -109,7 +133,7 @@ class Search:
         least: int | None = None
         for strategy in strategies:
             t = replace(train, context_strategy=strategy)
-            more, low = fitting_recipes(self.model, t, here, r, self.device, held, self.headroom)
+            more, low = self._fitting_recipes(t, here, r, held)
             found += more
             if low is not None:
                 least = low if least is None else min(least, low)
@@ -134,10 +158,21 @@ class Search:
             return False
         key = tuple(folded)
         if key not in self._whole:
-            wanted = pipeline_recipes(self.wanted, r)
-            fit = fitting_recipes(self.model, train, wanted, r, self.device, False, self.headroom)
+            fit = self._fitting_recipes(train, pipeline_recipes(self.wanted, r), r, False)
             self._whole[key] = bool(fit[0])
         return self._whole[key]
+
+    def _fitting_recipes(
+        self, train: TrainSpec, wanted: list[dict[str, Any]], r: Roles, held: bool
+    ) -> tuple[list[Recipe], int | None]:
+        """`fitting_recipes` on this mesh, found once a search (`wanted` is the search's on
+        `r`, `pipeline_recipes`)."""
+        key = (r, held, train)
+        if key not in self._fitting:
+            self._fitting[key] = fitting_recipes(
+                self.model, train, wanted, r, self.device, held, self.headroom
+            )
+        return self._fitting[key]
 
     def _prune(self, space: Space, sizes: tuple[int, ...], reason: str) -> None:
         k = space.count(sizes, self.granules)
@@ -204,27 +239,50 @@ def fastest(
     efficiency: dict[str, float],
     facts: DeviceFacts,
     recipes: list[Recipe],
+    floors: list[float] | None = None,
 ) -> Scored:
     """The fastest of the recipes on this mesh (`efficiency`: each axis's link factor). A
     recipe beyond the headroom is unsure and ranks after every sure one, so those are
     priced only where no recipe within it is sure. Each recipe is priced (`price`), the
-    winner alone written out as an Estimate."""
+    winner alone written out as an Estimate. Recipes are priced by their compute first
+    (`floors`: each one's `compute_floor`, a lower bound on its step; None: found here), and
+    one whose floor is slower than the best priced so far (and no surer) is not priced: it
+    cannot win."""
     sizes = tuple(s for _, s in r.sizes)
     calibrated = Calibrated.of(facts.platform)
     dcn = across_granules(facts, factors, calibrated.dcn_latency, calibrated.slice_bandwidth)
+    if floors is None:
+        floors = [compute_floor(model, recipe, r, facts, calibrated) for recipe in recipes]
+    order = sorted(range(len(recipes)), key=floors.__getitem__)
     scored: list[tuple[tuple[Any, ...], Recipe, Priced]] = []
+    lead: tuple[Any, ...] | None = None  # the best key so far
     for beyond in (False, True):
         if beyond and any(not s[0][0] for s in scored):
             break
-        for k, recipe in enumerate(recipes):
-            if recipe.beyond != beyond:
+        for k in order:
+            recipe = recipes[k]
+            if recipe.beyond != beyond or (lead and (beyond, floors[k]) > lead[:2]):
                 continue
             p = price(model, recipe.train, r, factors, efficiency, facts, calibrated,
                       terms=recipe.terms, dcn=dcn)  # fmt: skip
+            assert p.time.seconds >= floors[k], "compute_floor is no lower bound"
             unsure = recipe.beyond or bool(p.assumes)
             scored.append(((unsure, *key(p, recipe.peak), k, sizes), recipe, p))
+            lead = min(lead or scored[-1][0], scored[-1][0])
     best, recipe, p = min(scored, key=lambda s: s[0])
     return Scored(best, recipe.train, p.estimate(), recipe.beyond)
+
+
+def compute_floor(
+    model: ModelSpec, recipe: Recipe, r: Roles, facts: DeviceFacts, calibrated: Calibrated
+) -> float:
+    """The recipe's compute seconds on this mesh: its step with no collective and no offload.
+    A lower bound on its step on any rings: the step is max(compute, hidden) + exposed +
+    across granules + offload (timing/step.py), each a sum of non-negative seconds, and
+    rounding is monotone, so the float sum is never below the compute."""
+    step = step_cost(model, recipe.train, r)
+    kept = recipe.terms["activations"]
+    return step.time(facts, (0.0, 0.0, 0.0), calibrated, offload_bytes=0.0, kept_bytes=kept).seconds
 
 
 def key(p: Priced, peak: int) -> tuple[float, float, int]:

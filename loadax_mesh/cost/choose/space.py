@@ -11,8 +11,9 @@ the N / S devices of a stage over the G / S granules it spans.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import product
 from typing import Any
 
@@ -65,17 +66,24 @@ class Space:
         return sum(1 for _ in self.splits(sizes, granules))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Candidate:
     """A mesh that fits: its family, roles, the ICI and DCN factor of each axis, the recipes
-    that fit it, and `bound`, the ranking key of its fastest recipe on perfect rings (a lower
-    bound of the key on the planner's rings)."""
+    that fit it with each one's compute floor (cost/choose/search.py's `compute_floor`), and
+    `bound`, the ranking key of its fastest recipe on perfect rings (a lower bound of the key
+    on the planner's rings), priced when first read; `floor` bounds it from below unpriced."""
 
-    bound: tuple[Any, ...]
+    floor: tuple[bool, float]  # (whether every recipe is beyond the headroom, least floor)
     space: Space
     roles: Roles
     factors: dict[str, tuple[int, int]]  # axis -> (ici, dcn), in mesh order
     recipes: list[Recipe]
+    floors: list[float]  # each recipe's compute floor
+    priced: Callable[[], tuple[Any, ...]] = field(repr=False)  # the bound, priced
+
+    @cached_property
+    def bound(self) -> tuple[Any, ...]:
+        return self.priced()
 
     @property
     def ici(self) -> tuple[int, ...]:

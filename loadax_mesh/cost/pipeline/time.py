@@ -63,6 +63,22 @@ def pipeline_time(
     `stage_passes` layer passes on each of its micro-batches (its layer terms alone: the same
     step priced with no layer passes taken away). `efficiency`, `intensity` and
     `permute_share`: step_time's."""
+    work = pipeline_work(model, train, r, st, facts, efficiency, intensity, permute_share)
+    return StepTime.of(work, collectives)
+
+
+@lru_cache(maxsize=8192, typed=True)
+def pipeline_work(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    facts: DeviceFacts,
+    efficiency: float,
+    intensity: float | None,
+    permute_share: float | None,
+) -> Compute:
+    """`pipeline_time`'s compute, found once for the chooser's compute floor and its price."""
     rd, ts = data_roles(r), stage_train(train, st)
     kernel = attention_kernel(train.attention, facts.platform)
     saved = partial(layer_bytes, model, saved=True, tile=facts.tile, kernel=kernel)
@@ -91,8 +107,7 @@ def pipeline_time(
     params = shard_elements(model, st, r, 1, None) - whole
     update = params * update_bytes(train) / facts.need("hbm_bandwidth")
     # a stage's layer terms alone are the stage priced less the same step with no layer passes
-    work = outer.work + stage.work - bare.work + Compute(0.0, 0.0, update, 0.0)
-    return StepTime.of(work, collectives)
+    return outer.work + stage.work - bare.work + Compute(0.0, 0.0, update, 0.0)
 
 
 @lru_cache(maxsize=8192)
