@@ -67,3 +67,21 @@ def host_conditions(
             f"{unit} (the catalogue has no host memory for {facts.hardware})"
         )
     return tuple(out), link or 0.0
+
+
+def missing_host_facts(facts: DeviceFacts) -> list[str]:
+    """The catalogue facts an offloading recipe needs that `facts` lacks and no condition
+    answers for (cost/conditions.py: copies that wait on the host link cost what it makes
+    them); none: offloads are searched."""
+    if facts.host_link_bandwidth is None and not facts.traits.offload_overlaps_compute:
+        return ["host link bandwidth"]
+    return []
+
+
+def assumed_host_facts(facts: DeviceFacts) -> list[str]:
+    """The host facts an offloading recipe's estimate rests on a condition for."""
+    host = {
+        "host memory": facts.host_memory_bytes,
+        "host link bandwidth": facts.host_link_bandwidth,
+    }
+    return [name for name, value in host.items() if value is None]

@@ -26,6 +26,7 @@ from ..hardware.traits import attention_kernel, platform_traits
 from ..workload.layout import Roles, check_modelled
 from ..workload.model import ModelSpec
 from .axes import named_roles, trainer_axes
+from .maxtext_context import context_keys
 from .maxtext_numerics import numerics_keys
 from .maxtext_pipeline import pipeline_keys
 from .order import OrderComparison, compare_order
@@ -208,32 +209,6 @@ def _moe(train: TrainSpec, platform: str) -> dict[str, str]:
     return keys
 
 
-def _context(train: TrainSpec, platform: str, size: int, model: ModelSpec | None) -> dict[str, str]:
-    """The context-parallel keys: the strategy (MaxText's names) and the dual-chunk-swap load
-    balance (applied at the input, as the step does). MaxText's TPU ring is tokamax's splash
-    ring kernel; configs/types.py refuses it without `use_tokamax_splash` and the below."""
-    keys = {
-        "context_parallel_strategy": train.context_strategy,
-        "context_parallel_load_balance": str(train.context_load_balance).lower(),
-    }
-    if train.context_strategy != "ring" or platform_traits(platform).fused_attention != "splash":
-        return keys  # no ring, or off TPU
-    refused = []
-    if train.attention == "plain":
-        refused.append(f"attention={train.attention!r} (MaxText's TPU ring needs flash)")
-    if model is not None and model.seq_len % (size * size):
-        refused.append(f"seq_len={model.seq_len} (not divisible by the seq size {size} squared)")
-    if train.context_load_balance and size % 2:
-        refused.append(f"context_load_balance=True with an odd seq size {size}")
-    if refused:
-        raise MeshConfigError(
-            f"to_maxtext: context_strategy='ring' on TPU with {'; '.join(refused)}: MaxText "
-            "refuses it; accepted: fused attention, seq_len divisible by the seq size squared, "
-            "an even seq size when load balanced, or context_strategy='all_gather'"
-        )
-    return keys | {"use_tokamax_splash": "true"}
-
-
 def _resized(model: ModelSpec) -> dict[str, str]:
     """The keys that resize MaxText's config of a shipped model to `model` (none when equal)."""
     shipped = ModelSpec.from_name(model.name)
@@ -355,7 +330,7 @@ def to_maxtext(
             **({} if model is None else _model(model)),
             **quantized,
             **(
-                _context(train, str(plan.table.platform), r.size("seq"), model)
+                context_keys(train, str(plan.table.platform), r.size("seq"), model)
                 if "context" in axes.values()
                 else {}
             ),

@@ -35,14 +35,13 @@ from ...plan import MeshPlan, plan_config
 from ...shapes import HybridMeshShape
 from ...workload.layout import check_modelled
 from ...workload.spec import QUANTIZATION, ModelSpec, TrainSpec
+from ..conditions import assumed_host_facts, missing_host_facts
 from ..estimate import Estimate, estimate
 from .pipeline import dcn_pipelines
 from .recipes import (
     MOE_PATHS,
     RECIPE_FIELDS,
-    assumed_host_facts,
     check_recipes,
-    missing_host_facts,
 )
 from .search import Search, fastest
 from .space import AXES, BATCH, MOE_AXES, Candidate, Space, check_axes

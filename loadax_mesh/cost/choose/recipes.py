@@ -19,6 +19,7 @@ from ...hardware.profile import DeviceFacts
 from ...workload.layout import Roles, check_fit
 from ...workload.spec import MOE, ModelSpec, MoePath, PipelineSchedule, TrainSpec
 from ..band import memory_band
+from ..conditions import missing_host_facts
 from ..memory.terms import TERMS, host_bytes, memory_floor, memory_terms, phases
 from ..pipeline.memory import pipeline_memory_floor, pipeline_memory_terms
 from ..pipeline.stages import stages_on
@@ -118,24 +119,6 @@ def _spec(
         train, moe=path, remat=remat, microbatches=m, logits_chunks=chunks,
         pipeline_microbatches=pm, pipeline_repeats=pr, pipeline_schedule=schedule,
     )  # fmt: skip
-
-
-def missing_host_facts(facts: DeviceFacts) -> list[str]:
-    """The catalogue facts an offloading recipe needs that `facts` lacks and no condition
-    answers for (cost/conditions.py: copies that wait on the host link cost what it makes
-    them); none: offloads are searched."""
-    if facts.host_link_bandwidth is None and not facts.traits.offload_overlaps_compute:
-        return ["host link bandwidth"]
-    return []
-
-
-def assumed_host_facts(facts: DeviceFacts) -> list[str]:
-    """The host facts an offloading recipe's estimate rests on a condition for."""
-    host = {
-        "host memory": facts.host_memory_bytes,
-        "host link bandwidth": facts.host_link_bandwidth,
-    }
-    return [name for name, value in host.items() if value is None]
 
 
 def terms_of(
