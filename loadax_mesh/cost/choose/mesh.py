@@ -187,12 +187,21 @@ def choose_mesh(
     ranking.extend(planner.best(candidates, top))
     _pipeline_pair(ranking, candidates, planner)
     ranking.numerics = _other_numerics(ranking[0], model, wanted, facts)
-    staged = ranking.with_pipeline
-    if staged is not None and staged.train.pipeline_schedule == "1f1b":
-        gpipe = replace(staged.train, pipeline_schedule="gpipe")
-        held = estimate(staged.plan, model, gpipe, facts=facts).memory_bytes
-        ranking.schedule_saves = (staged.estimate.memory_bytes, held)
+    ranking.schedule_saves = _schedule_saves(ranking.with_pipeline, model, facts)
     return ranking
+
+
+def _schedule_saves(
+    staged: Choice | None, model: ModelSpec, facts: Mapping[str, str | float] | None
+) -> tuple[int, int] | None:
+    """Where the fastest pipelined mesh runs 1F1B: its peak memory and GPipe's at the same
+    recipe (what the schedule saves; its step is GPipe's)."""
+    if staged is None or staged.train.pipeline_schedule != "1f1b":
+        return None
+    gpipe = replace(staged.train, pipeline_schedule="gpipe")
+    return staged.estimate.memory_bytes, estimate(
+        staged.plan, model, gpipe, facts=facts
+    ).memory_bytes
 
 
 def _other_numerics(

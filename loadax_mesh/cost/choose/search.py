@@ -55,7 +55,6 @@ class Search:
         self.smallest: int | None = None  # the least memory a mesh needs where none fits
         self.unpriced: list[tuple[Roles, bool]] = []  # meshes whose weights alone do not fit
         self.fits = f"{1 - headroom:.0%} of memory nor within the model's error of all of it"
-        self._whole: dict[tuple[int, ...], bool] = {}  # folded shape -> some recipe fits
         # (roles, tables held, train) -> fitting_recipes's answer: the folded meshes of
         # `_whole_sequences_fit` are meshes of the search too
         self._fitting: dict[tuple[Roles, bool, TrainSpec], tuple[list[Recipe], int | None]] = {}
@@ -156,11 +155,7 @@ class Search:
             check_fit(self.model, train, r)
         except MeshConfigError:
             return False
-        key = tuple(folded)
-        if key not in self._whole:
-            fit = self._fitting_recipes(train, pipeline_recipes(self.wanted, r), r, False)
-            self._whole[key] = bool(fit[0])
-        return self._whole[key]
+        return bool(self._fitting_recipes(train, pipeline_recipes(self.wanted, r), r, False)[0])
 
     def _fitting_recipes(
         self, train: TrainSpec, wanted: list[dict[str, Any]], r: Roles, held: bool
