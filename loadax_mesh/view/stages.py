@@ -66,8 +66,8 @@ def pipeline_lines(ranking: RankingView) -> list[str]:
         held, gpipe = ranking.schedule_saves
         out.append(
             f"schedule   1F1B: a stage holds {size_text(held)} where GPipe's schedule would hold "
-            f"{size_text(gpipe)} at the same recipe (the same step: 1F1B keeps only the "
-            "micro-batches in flight)"
+            f"{size_text(gpipe)} at the same recipe (1F1B keeps only the micro-batches in flight; "
+            "its step is GPipe's with the head of every micro-batch on the last stage's ticks)"
         )
     out.append(
         f"without    {_place(ranking, plain)} {_mesh(p)}: compute {p.time.compute:.2f} s; "

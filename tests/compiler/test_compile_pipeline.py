@@ -123,7 +123,8 @@ def test_the_1f1b_step_compiles_below_gpipes_memory(repeats):
     one a tick of each of its three loops (timetable.py), and libtpu's buffer assignment gives
     it less memory than GPipe's (circular) at the same M: a stage keeps 2 S - 1 micro-batches'
     layer inputs (at repeats 1), not all M + S - 1 iterations'. The logits in 16 chunks, so
-    that the head (whole batch after GPipe, one micro-batch in a 1F1B tick) weighs little."""
+    that the head's logits (whole batch after GPipe, one micro-batch in a 1F1B tick) weigh
+    little in memory."""
     plan = MeshConfig((4, 16), ("pipeline", "fsdp"), batch_axis_names=("fsdp",)).plan(
         topology_devices("tpu-v5p-128")
     )
@@ -148,12 +149,17 @@ def test_the_1f1b_step_compiles_below_gpipes_memory(repeats):
     assert gpipe.train is not None and gpipe.train.pipeline_schedule == "gpipe"
     assert ours.assigned_bytes is not None and gpipe.assigned_bytes is not None
     assert ours.assigned_bytes < gpipe.assigned_bytes, (ours.assigned_bytes, gpipe.assigned_bytes)
-    # the cost model's 1F1B (cost/pipeline/memory.py): its memory within 20% of the program's,
-    # its step GPipe's within 10% (measured 0.95 and 0.98 of 10.09 and 9.45 GB)
+    # the cost model's 1F1B (cost/pipeline/memory.py): its memory within 20% of the program's
+    # (measured 0.95 and 0.98 of 10.09 and 9.45 GB); its step GPipe's with the head on every
+    # micro-batch of the replica's rows (cost/pipeline/time.py `head_runs`), its FLOPs the
+    # program's where every stage computes the head (R = 1; at R > 1 the last stage alone,
+    # in a conditional the FLOP count takes on every tick)
     est = estimate(plan, model, replace(train, pipeline_schedule="1f1b"))
     assert 0.8 <= est.memory_bytes / ours.total_bytes <= 1.2, est.memory
     plain = estimate(plan, model, train)
-    assert est.step_seconds == pytest.approx(plain.step_seconds, rel=0.1)
+    assert est.step_seconds > plain.step_seconds
+    if repeats == 1:
+        assert ours.flops is not None and 0.9 <= est.flops / ours.flops <= 1.1, ours.flops
 
 
 @pytest.mark.compile

@@ -359,8 +359,9 @@ def fitting_recipes(
 
 def _best(found: Recipe | None, fewest: int) -> bool:
     """Whether a GPipe recipe under full remat leaves 1F1B nothing to win: it fits within the
-    headroom at the fewest micro-batches searched. 1F1B's step is that recipe's, so it can
-    win only by fitting where GPipe does not, or with fewer micro-batches."""
+    headroom at the fewest micro-batches searched. 1F1B's step is that recipe's or slower (its
+    head on the critical path: cost/pipeline/time.py `head_runs`), so it can win only by
+    fitting where GPipe does not, or with fewer micro-batches."""
     return found is not None and not found.beyond and found.train.microbatches == fewest
 
 

@@ -46,7 +46,7 @@ def memory_bound(
     fwd_elements, bwd_elements = fwd_elements + extra_fwd, bwd_elements + extra_bwd
     elementwise_fwd, elementwise_bwd = fwd_elements * act, bwd_elements * act
     recomputed = elementwise_fwd if again else 0  # the forward recomputed
-    loss = _logits_accesses(train.logits_chunks > 1) * d.vocab * act
+    loss = logits_accesses(train.logits_chunks > 1) * d.vocab * act
     per_token: float = layers * (elementwise_fwd + elementwise_bwd + recomputed) + loss
     shard = model.num_params / (roles.size("weights") * d.tensor)  # parameters this device updates
     if moe:
@@ -138,7 +138,7 @@ def _moe_elementwise(
     return fwd + 2 * wide / ms.tokens, bwd + 2 * wide / ms.tokens
 
 
-def _logits_accesses(chunked: bool) -> int:
+def logits_accesses(chunked: bool) -> int:
     """How often the loss reads or writes the logits: written, read twice, their gradient read
     and written; chunked, each chunk's logits are recomputed in the backward pass (written and
     read once more)."""

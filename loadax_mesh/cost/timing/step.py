@@ -27,7 +27,7 @@ from ..parts.saved import runs_again
 from .attention import attention
 from .device import Device
 from .matmuls import matmuls
-from .memory_bound import memory_bound
+from .memory_bound import logits_accesses, memory_bound
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,27 @@ def step_time(
     offload = _offload(facts, offload_bytes, forward, compute)
     waits = (hidden, exposed, across_granules)
     return StepTime.of(work, waits, compute=compute, offload=offload)
+
+
+def head_time(
+    model: ModelSpec,
+    train: TrainSpec,
+    roles: Roles,
+    facts: DeviceFacts,
+    *,
+    efficiency: float,
+    intensity: float | None,
+) -> Compute:
+    """The head's part of `step_time`, priced as there: its matmul (forward, both gradients,
+    the forward again with logits chunks) and the loss's memory-bound passes over the logits,
+    every micro-batch (a 1F1B pipeline runs it on its last stage, cost/pipeline/time.py)."""
+    d = Device.of(
+        model, train, roles, facts, efficiency=efficiency, intensity=intensity, layer_runs=0
+    )
+    chunked = train.logits_chunks > 1
+    head = d.matmul(model.d_model, d.vocab)
+    loss = d.tokens * logits_accesses(chunked) * d.vocab * d.act / d.streamed
+    return Compute(d.micro * head * (3 + chunked), 0.0, d.micro * loss, d.micro * head)
 
 
 def _offload(facts: DeviceFacts, each_way_bytes: float, forward: float, compute: float) -> float:
