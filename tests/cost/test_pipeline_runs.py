@@ -55,6 +55,11 @@ def test_every_run_is_priced_or_refused_by_name(run: dict) -> None:
     assert e.pipeline is not None and e.pipeline.stages > 1
     assert e.pipeline.repeats == run["train"]["pipeline_repeats"]
     assert float(cells[7]) == pytest.approx(e.step_seconds / bench.measured_step(run, e), 1e-2)
+    # No collective moves negative bytes (DeepSeek-V3's input table, cut over the expert axis
+    # as well as the tensor axis, was once subtracted as if cut over the tensor axis alone).
+    for traffic in e.axes.values():
+        assert all(c.bytes >= 0 and c.count >= 0 for c in traffic.collectives), traffic
+        assert traffic.seconds >= 0 and traffic.exposed_seconds >= 0
 
 
 def test_a_stand_in_keeps_each_devices_rows_and_is_priced_today() -> None:

@@ -93,6 +93,12 @@ def shard_elements(
     return _shard_elements(model, layout(st), r, nbytes, tile, staged, optimizer)
 
 
+def part_bytes(model: ModelSpec, st: Stages, r: Roles, nbytes: int, name: str) -> int:
+    """Bytes of one device's shard of the parameter `name` in the stage layout, in
+    `nbytes`-byte words."""
+    return stored(dict(_cuts(model, layout(st), r, False))[name], nbytes, None)
+
+
 @lru_cache(maxsize=4096)
 def layout(st: Stages) -> Stages:
     """`st` with only what places the parameters (stages, repeats, the pipelined layers and

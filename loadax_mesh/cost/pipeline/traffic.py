@@ -32,7 +32,7 @@ from ..parts.traffic import (
     weight_arrays,
 )
 from ..timing.axes import AxisTraffic, axis_total
-from .stages import data_roles, moe_stages, shard_elements, stage_train
+from .stages import data_roles, moe_stages, part_bytes, shard_elements, stage_train
 
 
 def pipeline_collectives(
@@ -157,9 +157,9 @@ def _between_stages(
     # pipeline micro-batch's likewise.
     rows = sh.micro_rows * sh.seq * d // m
     micro = stage.micro_rows * stage.seq * d // m * cd
-    # The parameters the pipeline axis replicates, less the input table: its gradient rows
-    # are gathered over the axis before the scatter-add (above), not reduced after.
-    table = 0 if model.tied_embeddings else model.vocab_size // m * d // r.size("weights") * cd
+    # The parameters the pipeline axis replicates, less the input table (as cut on this mesh):
+    # its gradient rows are gathered over the axis before the scatter-add (above), not reduced.
+    table = 0 if model.tied_embeddings else part_bytes(model, st, r, cd, "embed")
     return [
         Collective(p, "collective-permute", "stage-to-stage activations", micro,
                    2 * st.iterations * mb, False),
