@@ -13,10 +13,11 @@ published benchmark runs force balanced load. Token copies are sorted by expert;
   expert's count, as MaxText's sparse path runs them (`kernels.grouped_matmul`: jax's
   `ragged_dot` on TPU, tokamax's kernel on GPU). With an
   expert axis of size P, each device holds E / P experts and the copies travel by
-  `jax.lax.all_to_all` over it, in a buffer per peer of tokens x min(k, E / P) rows, the most
-  one device can send one peer (a token's k experts are distinct). That buffer is P x min(k,
-  E / P) / k times the copies: the fixed-size exchange every platform runs
-  (`ragged_all_to_all`, which would send only the copies, has no XLA:CPU lowering in jax 0.10).
+  `jax.lax.all_to_all` over it, in a buffer per peer of the most copies one device can send
+  one peer (dispatch.py): tokens x min(k, E / P) rows under learned routing, P x min(k, E / P)
+  / k times the copies; about the copies under balanced routing. A fixed-size exchange every
+  platform runs (`ragged_all_to_all`, which would send only the copies, has no XLA:CPU
+  lowering in jax 0.10).
 - `moe="capacity"`: each expert takes at most ceil(tokens x k / E x capacity_factor) copies
   from each device, in routing order; the rest are dropped (they add nothing to the output).
   The buffers are [E, capacity, d_model], batched matmuls over experts, all-to-all over the
@@ -43,6 +44,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from . import quantized
+from .dispatch import peer_rows, token_runs
 from .kernels import GroupedMatmul, grouped_matmul, shard_map_mesh
 from .layout import Roles
 from .spec import ModelSpec, TrainSpec
@@ -161,7 +163,8 @@ def _local(
     xs = flat_x[order // k]
     w = (w_gate, w_up, w_down)
     if train.moe == "dropless":
-        per_peer = b * s * min(k, n // ep)
+        runs = token_runs(b, seq_split=s != model.seq_len, load_balanced=positions is not None)
+        per_peer = peer_rows(b * s, k, n, ep, routing=train.routing, runs=runs)
         out = _dropless(xs, sorted_experts, w, n, ep, exp, per_peer, matmul)
     else:
         cap = math.ceil(b * s * k / n * train.capacity_factor)

@@ -5,10 +5,11 @@ of the sequence; the tensor axis's members route the same tokens, each computing
 experts' width). What the block holds and moves:
 - Dropless without an expert axis: the `t * k` sorted token copies go through all `E` experts
   as grouped matmuls (ragged_dot), each expert's group `t * k / E` rows under even load.
-- Dropless over an expert axis of size P: a send buffer of P blocks of `t * min(k, E / P)` rows
-  (the worst case one device sends one peer) exchanged by all-to-all, with an int32 expert id a
-  row; the received buffer regrouped by local expert and computed (the padding in no group: a
-  local expert's group is its `t * k * P / E` copies); the result exchanged back.
+- Dropless over an expert axis of size P: a send buffer of P blocks of the most copies one
+  device can send one peer (workload/dispatch.py: `t * min(k, E / P)` rows under learned
+  routing, about `t * k / P` under balanced routing) exchanged by all-to-all, with an int32
+  expert id a row; the received buffer regrouped by local expert and computed (the padding in
+  no group: a local expert's group is its `t * k * P / E` copies); the result exchanged back.
 - Capacity: `E` slots of `cap = ceil(t * k / E * capacity_factor)` rows, the padding computed
   as work; over an expert axis the slots exchanged both ways, each local expert then holding
   `P * cap` rows.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...workload.dispatch import peer_rows, token_runs
 from ...workload.layout import Roles
 from ...workload.spec import ModelSpec, TrainSpec, dtype_bytes
 
@@ -40,15 +42,17 @@ class MoeShapes:
 
     @classmethod
     def of(cls, model: ModelSpec, train: TrainSpec, roles: Roles) -> MoeShapes:
-        rows = train.global_batch // roles.size("batch")
-        t = max(1, rows // train.microbatches) * (model.seq_len // roles.size("seq"))
+        rows = max(1, train.global_batch // roles.size("batch") // train.microbatches)
+        t = rows * (model.seq_len // roles.size("seq"))
         k, n, ep = model.experts_per_token, model.num_experts, roles.size("expert")
         local = n // ep
         if train.moe == "capacity":
             cap = math.ceil(t * k / n * train.capacity_factor)
             buffer, computed, group = n * cap, n * cap, ep * cap
         else:
-            buffer = ep * t * min(k, local) if ep > 1 else 0
+            seq = roles.size("seq") > 1
+            runs = token_runs(rows, seq_split=seq, load_balanced=seq and train.context_load_balance)
+            buffer = ep * peer_rows(t, k, n, ep, routing=train.routing, runs=runs) if ep > 1 else 0
             computed = buffer or t * k
             group = -(-t * k * ep // n)  # its copies from every peer, even load
         return cls(
