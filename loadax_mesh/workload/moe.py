@@ -1,34 +1,17 @@
 """Mixture-of-experts layers of the reference step (docs/design.md section 11): the MoE block
 (router, top-k, dispatch, experts, combine); the order of dense and MoE layers is cycle.py's.
 
-The block runs under `shard_map` over the whole mesh. Each device routes its own tokens (the
-batch over the batch axes, the sequence over the sequence axis): router logits in float32, a
-softmax or sigmoid, the top `experts_per_token`, weights renormalised over them (a sigmoid
-router with one expert per token keeps its raw score, as Llama 4 does), times the model's
-`routed_scaling`. `routing="balanced"` sends token i (its index in the global batch, row-major)
-to experts (i * k + j) mod E, the router's scores still weighting them, so the router trains as
-published benchmark runs force balanced load. Token copies are sorted by expert; then:
-
-- `moe="dropless"`: every copy is computed. The experts are grouped matmuls with each
-  expert's count, as MaxText's sparse path runs them (`kernels.grouped_matmul`: jax's
-  `ragged_dot` on TPU, tokamax's kernel on GPU). With an
-  expert axis of size P, each device holds E / P experts and the copies travel by
-  `jax.lax.all_to_all` over it, in a buffer per peer of the most copies one device can send
-  one peer (dispatch.py): tokens x min(k, E / P) rows under learned routing, P x min(k, E / P)
-  / k times the copies; about the copies under balanced routing. A fixed-size exchange every
-  platform runs (`ragged_all_to_all`, which would send only the copies, has no XLA:CPU
-  lowering in jax 0.10).
-- `moe="capacity"`: each expert takes at most ceil(tokens x k / E x capacity_factor) copies
-  from each device, in routing order; the rest are dropped (they add nothing to the output).
-  The buffers are [E, capacity, d_model], batched matmuls over experts, all-to-all over the
-  expert axis in both directions (the einsum path of MaxText's dropping runs).
-
-The experts' weights are sharded over fsdp by their d_model (MaxText's `embed_no_exp`), with or
-without an expert axis (which holds E / P experts a device): the block gathers them over fsdp.
-Without an expert axis every device thus holds all E experts gathered (MaxText's newer MoE
-recipes, experts on fsdp); the d_model divides fsdp where the expert count may not. The tensor
-axis splits the experts' width; their output is reduce-scattered over it into the residual
-stream's layout. Shared experts are a dense SwiGLU MLP beside the routed ones.
+The block runs under `shard_map` over the whole mesh, each device routing its own tokens: a
+float32 router, the top `experts_per_token` (or, under `routing="balanced"`, token i to experts
+(i k + j) mod E, as benchmark runs force balanced load), the copies sorted by expert. Then
+`moe="dropless"` computes every copy as grouped matmuls (`kernels.grouped_matmul`), exchanged
+over an expert axis in fixed-size blocks a peer (dispatch.py); `moe="capacity"` keeps at most
+ceil(tokens k / E x capacity_factor) copies an expert from each device in [E, capacity, d_model]
+slots, batched matmuls over experts, all-to-all both ways. The experts' weights are sharded over
+fsdp by their d_model and gathered inside the block; the tensor axis splits their width, and
+their output is reduce-scattered into the residual stream's layout. Shared experts are a dense
+SwiGLU MLP beside the routed ones. Why each choice, and what MaxText runs: docs/cost-terms.md,
+"The MoE block".
 """
 
 from __future__ import annotations

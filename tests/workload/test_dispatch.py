@@ -1,7 +1,7 @@
 """The dropless exchange's block a peer (workload/dispatch.py) against every device's copies
 counted by brute force, under the step's balanced routing (workload/moe.py `_balanced`: token
 i to experts (i k + j) mod E, i its row-major index in the global batch, a slot's column its
-position under the load-balanced order). Pure: numpy only."""
+position under the load-balanced order, context.py's `chunk_order`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loadax_mesh.workload.context import chunk_order
 from loadax_mesh.workload.dispatch import peer_rows, token_runs
 
 
@@ -17,7 +18,7 @@ def most_sent(rows, seq, batch_shards, seq_shards, k, experts, ep, balanced):
     b, s = rows // batch_shards, seq // seq_shards
     parts = 2 * seq_shards if balanced else seq_shards
     chunks = np.arange(seq).reshape(parts, -1)
-    order = [c for i in range(seq_shards) for c in (i, parts - 1 - i)] if balanced else range(parts)
+    order = chunk_order(seq_shards) if balanced else range(parts)
     positions = np.concatenate([chunks[c] for c in order])
     local, most = experts // ep, 0
     for i in range(batch_shards):
