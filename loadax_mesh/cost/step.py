@@ -6,6 +6,7 @@ the mesh axes' traffic, the step's seconds), never "is there a pipeline?" again.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..hardware.profile import DeviceFacts
 from ..workload.layout import Roles
@@ -63,6 +64,10 @@ class PlainStep:
         return step_flops(self.model, self.train, self.roles, grouped=grouped)
 
     def collectives(self, *, overlapped: bool, regather: bool) -> list[Collective]:
+        """Found once a step and flags: the chooser's floor and its price ask for the same."""
+        return list(_found(self, overlapped, regather))
+
+    def _collectives(self, overlapped: bool, regather: bool) -> list[Collective]:
         return collectives(
             self.model, self.train, self.roles, overlapped=overlapped, regather=regather
         )
@@ -124,7 +129,7 @@ class PipelinedStep(PlainStep):
     def flops(self, *, grouped: str) -> tuple[float, float, float]:
         return pipeline_flops(self.model, self.train, self.roles, self.stages, grouped=grouped)
 
-    def collectives(self, *, overlapped: bool, regather: bool) -> list[Collective]:
+    def _collectives(self, overlapped: bool, regather: bool) -> list[Collective]:
         return pipeline_collectives(
             self.model, self.train, self.roles, self.stages, overlapped=overlapped,
             regather=regather,
@@ -159,3 +164,8 @@ class PipelinedStep(PlainStep):
             self.model, self.train, self.roles, self.stages, facts, waits,
             c.compute_efficiency, c.intensity, c.permute_share,
         )  # fmt: skip
+
+
+@lru_cache(maxsize=8192)
+def _found(step: PlainStep, overlapped: bool, regather: bool) -> tuple[Collective, ...]:
+    return tuple(step._collectives(overlapped, regather))

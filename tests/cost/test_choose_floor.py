@@ -1,7 +1,8 @@
-"""The chooser's compute floor (cost/choose/search.py's `compute_floor`): a lower bound on every
-recipe's priced step, so that `fastest`, which skips a recipe whose floor is slower than the
-best priced, returns what pricing every recipe would, and a mesh's floor one on its bound (the
-planner prices a bound only when its floor comes first). Pure, no compile."""
+"""The chooser's floors (cost/choose/search.py's `compute_floor`, and a split's, which adds what
+the recipe spends across granules): lower bounds on every recipe's priced step, so that
+`fastest`, which skips a recipe whose floor is slower than the best priced, returns what pricing
+every recipe would, and a mesh's floors ones on its bound (the planner prices each only when the
+one below comes first). Pure, no compile."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def test_floor_bounds_every_recipe_and_fastest_is_exhaustive(case) -> None:
     calibrated = Calibrated.of(device.platform)
     assert found
     held = {"plain": 0, "pipeline": 0, "seq": 0}
+    tighter = 0  # recipes whose split floor is above their compute floor
     for c in found:
         links = dict.fromkeys(c.space.names, link)
         held["plain"] += not c.staged
@@ -62,10 +64,14 @@ def test_floor_bounds_every_recipe_and_fastest_is_exhaustive(case) -> None:
             floor = compute_floor(model, recipe, c.roles, device, calibrated)
             p = price(model, recipe.train, c.roles, c.factors, links, device, calibrated,
                       terms=recipe.terms, dcn=dcn)  # fmt: skip
-            assert 0 < floor <= p.time.seconds
+            # the split's floor adds what the recipe spends across granules: still below
+            assert 0 < floor <= c.split_floors[k] <= p.time.seconds
+            tighter += c.split_floors[k] > floor
             keys.append((recipe.beyond or bool(p.assumes), *key(p, recipe.peak), k))
         # pricing every recipe: a sure one ranks before every unsure one, so the least key
         best = fastest(model, c.roles, c.factors, links, device, c.recipes)
         assert best.key[:-1] == min(keys) and c.bound == best.key
-        assert c.floor <= c.bound  # the planner waits on the floor before pricing the bound
+        # the planner waits on each before pricing the next
+        assert c.floor <= c.split_floor <= c.bound
     assert held[case[-1]]  # each case searches what it names
+    assert bool(tighter) == (case[0].startswith("gpu"))  # only the GPU cases span granules

@@ -319,7 +319,7 @@ class Planner:
             plan = plan_config(config, self.devices, granule="auto", hardware=self.hardware)
             efficiency = {a: q.link_factor for a, q in plan.quality().items()}
             best = fastest(
-                self.model, c.roles, c.factors, efficiency, self.device, c.recipes, c.floors
+                self.model, c.roles, c.factors, efficiency, self.device, c.recipes, c.split_floors
             )
             self.ranking.planned += 1
             choice = Choice(config, plan, best.estimate, best.train, best.beyond)
@@ -329,20 +329,21 @@ class Planner:
     def best(self, group: list[Candidate], k: int) -> list[Choice]:
         """The `k` best of `group` on the planner's rings: planned in order of bound (ties in
         `group`'s order) until the next one's bound does not beat the k-th (perfect rings
-        would not beat it: neither will real ones). A bound is priced only when its floor
-        (`Candidate.floor`, below it) comes first: candidates wait in a heap under their
-        floor, then under their bound, so they leave it in order of bound."""
+        would not beat it: neither will real ones). Each bound is priced only when the one
+        below it comes first (`Candidate`: floor, split floor, bound): candidates wait in a
+        heap under each in turn, so they leave it in order of bound."""
         best: list[tuple[tuple[Any, ...], Choice]] = []
-        heap: list[tuple[tuple[Any, ...], bool, int]] = [
-            (c.floor, False, i) for i, c in enumerate(group)
+        heap: list[tuple[tuple[Any, ...], int, int]] = [
+            (c.floor, 0, i) for i, c in enumerate(group)
         ]
         heapq.heapify(heap)
         while heap:
-            at, priced, i = heapq.heappop(heap)
+            at, tier, i = heapq.heappop(heap)
             if len(best) >= k and at >= best[k - 1][0]:
                 break  # what is left is at least `at`
-            if not priced:
-                heapq.heappush(heap, (group[i].bound, True, i))
+            if tier < 2:
+                c = group[i]
+                heapq.heappush(heap, (c.split_floor if tier == 0 else c.bound, tier + 1, i))
                 continue
             best.append(self.choice(group[i]))
             best.sort(key=lambda b: b[0])

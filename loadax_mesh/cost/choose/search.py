@@ -19,6 +19,7 @@ from ...workload.stages import dividing_layers
 from ..calibration import Calibrated
 from ..estimate import Estimate, Priced, across_granules, holds_tables, price
 from ..step import step_cost
+from ..timing.axes import across_seconds
 from .pipeline import pipeline_recipes
 from .recipes import Recipe, fitting_recipes
 from .space import ACROSS, WHOLE, Candidate, Space, across, tally
@@ -99,8 +100,9 @@ class Search:
                 tally(self.pruned, f"no recipe fits in {self.fits}", 1)
                 continue
             lowest = (all(x.beyond for x in recipes_here), min(floors))
-            bound = partial(self._bound, r, factors, links, recipes_here, floors)
-            out.append(Candidate(lowest, space, r, factors, recipes_here, floors, bound))
+            split = partial(self._split_floors, r, factors, recipes_here, floors)
+            bound = partial(self._bound, r, factors, links, recipes_here)
+            out.append(Candidate(lowest, space, r, factors, recipes_here, floors, split, bound))
         return out
 
     def _floors(self, r: Roles, recipes: list[Recipe]) -> list[float]:
@@ -108,6 +110,30 @@ class Search:
         split)."""
         calibrated = Calibrated.of(self.device.platform)
         return [compute_floor(self.model, x, r, self.device, calibrated) for x in recipes]
+
+    def _split_floors(
+        self,
+        r: Roles,
+        factors: dict[str, tuple[int, int]],
+        recipes: list[Recipe],
+        floors: list[float],
+    ) -> list[float]:
+        """Each recipe's compute floor plus the seconds its collectives spend across granules
+        on this split (`split_floor`)."""
+        calibrated, traits = Calibrated.of(self.device.platform), self.device.traits
+        dcn = across_granules(self.device, factors, calibrated.dcn_latency,
+                              calibrated.slice_bandwidth)  # fmt: skip
+        out = []
+        for recipe, floor in zip(recipes, floors, strict=True):
+            step = step_cost(self.model, recipe.train, r)
+            found = step.collectives(
+                overlapped=traits.overlaps_tensor_collectives,
+                regather=traits.regathers_attention_weights,
+            )
+            skip = None if step.pipeline is None else step.pipeline.axis
+            # below the step's sum of the same seconds by more than its rounding
+            out.append(floor + across_seconds(found, factors, dcn, skip=skip) * (1 - 1e-9))
+        return out
 
     def _bound(
         self,
@@ -260,7 +286,7 @@ def fastest(
                 continue
             p = price(model, recipe.train, r, factors, efficiency, facts, calibrated,
                       terms=recipe.terms, dcn=dcn)  # fmt: skip
-            assert p.time.seconds >= floors[k], "compute_floor is no lower bound"
+            assert p.time.seconds >= floors[k], "the recipe's floor is no lower bound"
             unsure = recipe.beyond or bool(p.assumes)
             scored.append(((unsure, *key(p, recipe.peak), k, sizes), recipe, p))
             lead = min(lead or scored[-1][0], scored[-1][0])

@@ -70,8 +70,10 @@ class Space:
 class Candidate:
     """A mesh that fits: its family, roles, the ICI and DCN factor of each axis, the recipes
     that fit it with each one's compute floor (cost/choose/search.py's `compute_floor`), and
-    `bound`, the ranking key of its fastest recipe on perfect rings (a lower bound of the key
-    on the planner's rings), priced when first read; `floor` bounds it from below unpriced."""
+    three lower bounds of its key on the planner's rings, each above the one before: `floor`
+    (unpriced), `split_floor` (each recipe's compute floor plus what its collectives spend
+    across granules on this split, `across`) and `bound`, the key of its fastest recipe on
+    perfect rings; the last two priced when first read."""
 
     floor: tuple[bool, float]  # (whether every recipe is beyond the headroom, least floor)
     space: Space
@@ -79,11 +81,20 @@ class Candidate:
     factors: dict[str, tuple[int, int]]  # axis -> (ici, dcn), in mesh order
     recipes: list[Recipe]
     floors: list[float]  # each recipe's compute floor
-    priced: Callable[[], tuple[Any, ...]] = field(repr=False)  # the bound, priced
+    across: Callable[[], list[float]] = field(repr=False)  # each recipe's floor on this split
+    priced: Callable[[list[float]], tuple[Any, ...]] = field(repr=False)  # the bound, priced
+
+    @cached_property
+    def split_floors(self) -> list[float]:
+        return self.across()
+
+    @cached_property
+    def split_floor(self) -> tuple[bool, float]:
+        return (self.floor[0], min(self.split_floors))
 
     @cached_property
     def bound(self) -> tuple[Any, ...]:
-        return self.priced()
+        return self.priced(self.split_floors)
 
     @property
     def ici(self) -> tuple[int, ...]:

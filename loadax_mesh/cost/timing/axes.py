@@ -95,6 +95,24 @@ def axis_total(
     )
 
 
+def across_seconds(
+    found: list[Collective],
+    factors: dict[str, tuple[int, int]],
+    facts: DeviceFacts,
+    *,
+    skip: str | None = None,
+) -> float:
+    """The seconds `found` spends across granules on these factors: the sum of the axes'
+    `dcn_seconds` (`skip`: an axis priced otherwise, the pipeline's), which no ring's quality
+    inside a granule changes, so the chooser adds it to a recipe's compute floor."""
+    total = 0.0
+    for c in found:
+        ici, dcn = factors.get(c.axis, (1, 1))
+        if dcn > 1 and c.axis != skip:
+            total += _seconds(c, ici, dcn, 1.0, facts)[1] * c.count
+    return total
+
+
 def _seconds(
     c: Collective, ici: int, dcn: int, efficiency: float, facts: DeviceFacts
 ) -> tuple[float, float]:
