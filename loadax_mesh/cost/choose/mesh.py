@@ -13,11 +13,12 @@ tensor or sequence axes across granules (their collectives are exposed, DCN make
 slower than the same shape with that factor on a batch axis), and pipelines the cost model
 does not price (cost/choose/pipeline.py: pipeline micro-batches and repeats are recipe fields).
 Memory does not depend on device order, so candidates that do not fit are dropped before
-planning; the rest are estimated with perfect rings first, which bounds their real time from
-below, and only those whose bound can still reach the top are planned by the real planner and
-estimated on its rings. The recipes each mesh may run are cost/choose/recipes.py's. Where the search
-found meshes with a pipeline and without, the fastest of each is kept on the ranking (planned
-if not ranked), so that its text can say what the pipeline costs and saves.
+planning; the rest are estimated with perfect rings first (after two cheaper floors:
+`Candidate`), which bounds their real time from below, and only those whose bound can still
+reach the top are planned by the real planner and estimated on its rings. The recipes each
+mesh may run are cost/choose/recipes.py's. Where the search found meshes with a pipeline and
+without, the fastest of each is kept on the ranking (planned if not ranked), so that its text
+can say what the pipeline costs and saves.
 """
 
 from __future__ import annotations
