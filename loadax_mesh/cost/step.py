@@ -28,9 +28,11 @@ from .timing.step import StepTime, step_time
 Waits = tuple[float, float, float]
 
 
+@lru_cache(maxsize=16384)
 def step_cost(model: ModelSpec, train: TrainSpec, roles: Roles) -> PlainStep:
     """The step on these roles: pipelined where the mesh has a pipeline axis larger than 1
-    (its fields checked, `pipeline_of`), else plain."""
+    (its fields checked, `pipeline_of`), else plain; found once (the chooser's floors and
+    prices ask for the same)."""
     st = pipeline_of(model, train, roles)
     if st is None:
         return PlainStep(model, train, roles)
