@@ -26,6 +26,20 @@ def pipeline_memory_terms(
     *,
     replicas_across_granules: bool = False,
 ) -> dict[str, int]:
+    """`_terms`, found once (as memory/terms.memory_terms is: the chooser asks for each
+    recipe's on every search), each caller its own copy."""
+    return dict(_terms(model, train, r, st, device, replicas_across_granules))
+
+
+@lru_cache(maxsize=16384)
+def _terms(
+    model: ModelSpec,
+    train: TrainSpec,
+    r: Roles,
+    st: Stages,
+    device: DeviceFacts,
+    replicas_across_granules: bool,
+) -> dict[str, int]:
     """memory/terms.memory_terms for a pipelined step: the terms outside the
     stages as a plain step's with the pipeline axis acting as data, the arguments a stage's,
     the activations every iteration's chunk and the lead layers', the layer term the larger
