@@ -181,10 +181,16 @@ class HloText:
         index = re.search(r"index=(\d+)", element.attributes) if element else None
         return None if index is None else int(index[1])
 
-    def _constant(self, name: str) -> int | None:
+    def _through_copies(self, name: str) -> Instruction | None:
+        """The instruction a chain of copies starts from (a peeled loop's counter is copy(1);
+        libtpu's windowed einsums add 2 to copy(counter))."""
         value = self.by_name.get(name)
-        while value is not None and value.opcode == "copy":  # a peeled loop's counter: copy(1)
+        while value is not None and value.opcode == "copy":
             value = self.by_name.get(_operand_names(value)[0])
+        return value
+
+    def _constant(self, name: str) -> int | None:
+        value = self._through_copies(name)
         if value is not None and value.opcode == "constant" and value.operands.isdigit():
             return int(value.operands)
         return None
@@ -204,7 +210,7 @@ class HloText:
         update = self.by_name.get(_operand_names(root)[index])
         if update is None or update.opcode != "add":
             return 1
-        operands = [self.by_name.get(name) for name in _operand_names(update)]
+        operands = [self._through_copies(name) for name in _operand_names(update)]
         reads_counter = any(
             o is not None
             and o.opcode == "get-tuple-element"

@@ -176,6 +176,16 @@ def test_a_loop_whose_counter_steps_by_two_runs_half_the_trips():
     assert {c.name: c.count for c in collectives(hlo, 4)} == {"left": 4, "right": 4}
 
 
+def test_a_counter_stepped_through_a_copy_still_steps_by_two():
+    # libtpu's windowed einsums inside a 1F1B loop add 2 to copy(counter): 0, 2, 4, 6 < 8 is
+    # four trips (read as eight, the loop's FLOPs and collectives were counted twice).
+    text = WINDOWED.replace(
+        "%next = u32[] add(%i, %two)", "%held = u32[] copy(%i)\n  %next = u32[] add(%held, %two)"
+    )
+    assert text != WINDOWED
+    assert {i.name: t for _, i, t in HloText(text).loops()} == {"ring": 4}
+
+
 def test_a_peeled_loop_counts_from_the_copy_its_counter_starts_at():
     # MaxText's scanned layers at 48 layers: the first trip peeled into the entry and the loop's
     # counter initialised with copy(constant(1)); here 2, 4, 6 < 8: three trips.
