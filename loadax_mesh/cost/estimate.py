@@ -109,7 +109,7 @@ class Estimate:
 
 def estimate(
     plan: MeshPlan,
-    model: ModelSpec,
+    model: ModelSpec | str,
     train: TrainSpec,
     *,
     facts: Mapping[str, str | float] | None = None,
@@ -118,7 +118,7 @@ def estimate(
 
     Args:
         plan: a plan whose hardware string is in the catalogue (simulated devices are fine).
-        model: the model's shape.
+        model: the model's shape, or a catalogue name (as `choose_mesh` takes).
         train: the batch, dtypes and recipe.
         facts: catalogue facts of the hardware set for this estimate, each a value with its
             unit (`{"host_link_bandwidth": "100 GB/s"}`); reported as given by the user.
@@ -129,11 +129,13 @@ def estimate(
         where a fact it needs has no source (`assumes`).
 
     Raises:
-        MeshConfigError: hardware the catalogue does not know, a fact it lacks that the
+        MeshConfigError: a model name the catalogue does not know, hardware it does not
+            know, a fact it lacks that the
             estimate cannot answer on a condition, a bad `facts` entry, a model, batch or
             recipe that does not divide over the plan's axes, or offloaded tensors beside
             pipeline stages (not priced yet).
     """
+    model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     r, factors, efficiency, device = plan_parts(plan, facts)
     check_fit(model, train, r)
     return estimate_parts(model, train, r, factors, efficiency, device)

@@ -2,8 +2,11 @@
 "1f1b"; the timetable and what a stage holds: timetable.py).
 
 A stage cannot start a micro-batch's backward until the loss of that micro-batch is known, so
-the schedule takes the head too: the last stage computes the final norm, the logits and the
-loss of each micro-batch in the tick its forward ends, and its backward starts there. One
+the schedule takes the head too, in the tick the last stage's forward of a micro-batch ends:
+its output is summed to every stage, each stage computes the final norm, its slice of the
+vocabulary's logits and the loss (loss.py `VocabSplit`), the output's gradient is summed back,
+and the last stage's backward starts there. Every stage computing the whole head would cost
+S times GPipe's head work on every device; cut by vocabulary it costs GPipe's. One
 `jax.custom_vjp` wraps it all: its forward runs the whole schedule under `jax.shard_map` (manual
 over the pipeline axis only, as GPipe's: every other axis automatic inside a stage) and returns
 the loss with the gradients of everything it read (the pipeline's input, the stages' weights,
@@ -33,13 +36,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .loss import VocabSplit
 from .stages import Stages
 from .timetable import Timetable, one_f_one_b
 
 Params = dict[str, Any]
 Layer = Callable[[jax.Array, Params], tuple[jax.Array, Any]]
-# The loss of one micro-batch: (the last stage's output, the head's weights, its targets).
-Head = Callable[[jax.Array, Params, jax.Array], jax.Array]
+# The loss of one micro-batch: (the last stage's output, the head's weights, its targets, the
+# vocabulary's cut).
+Head = Callable[[jax.Array, Params, jax.Array, VocabSplit], jax.Array]
 
 
 def pipelined_loss(
@@ -53,12 +58,14 @@ def pipelined_loss(
     act: NamedSharding,
     layer: Layer,
     loss: Head,
+    table: tuple[str, int],
     shardings: tuple[dict[str, NamedSharding], dict[str, NamedSharding]],
 ) -> jax.Array:
     """The mean loss of the batch: `x` [batch, seq, d_model] the residual stream into the
     pipelined layers (`weights` [R, S, per_chunk, ...] by name), `targets` [batch, seq], `head`
-    the weights `loss` reads; `layer` and `loss` a stage's (activations in `act`), `shardings`
-    the step's of `weights` and of `head`. Each device keeps its rows, row i to micro-batch
+    the weights `loss` reads, `table` the name of the one of them that holds the vocabulary and
+    its vocabulary dim; `layer` and `loss` a stage's (activations in `act`), `shardings` the
+    step's of `weights` and of `head`. Each device keeps its rows, row i to micro-batch
     i mod M."""
     m, rows = st.microbatches, x.shape[0]
     xs = jnp.moveaxis(x.reshape(rows // m, m, *x.shape[1:]), 1, 0)
@@ -72,13 +79,22 @@ def pipelined_loss(
         for group in shardings
     ]
     specs = (inside[0], inside[1])
+    # the table cut over the stages by vocabulary, padded to a multiple of them
+    name, dim = table
+    vocab = head[name].shape[dim]
+    pad = [(0, 0)] * head[name].ndim
+    pad[dim] = (0, -vocab % st.stages)
+    head = {**head, name: jnp.pad(head[name], pad)}
+    cut = {k: P(*[None] * dim, st.axis) if k == name else P() for k in head}
     tt = one_f_one_b(st.stages, st.repeats, m)
-    body = partial(_schedule, tt=tt, st=st, layer=layer, loss=loss, specs=specs)
+    body = partial(
+        _schedule, tt=tt, st=st, layer=layer, loss=loss, specs=specs, table=table, vocab=vocab
+    )
     run = jax.shard_map(
         body,
         mesh=mesh,
-        in_specs=(P(), P(None, st.axis), P(), P()),
-        out_specs=(P(), P(st.axis), P(None, st.axis), P()),
+        in_specs=(P(), P(None, st.axis), cut, P()),
+        out_specs=(P(), P(st.axis), P(None, st.axis), cut),
         axis_names=frozenset({st.axis}),
         check_vma=False,  # as GPipe's: the MoE block inside runs unchecked (moe.py)
     )
@@ -119,12 +135,14 @@ def _schedule(
     layer: Layer,
     loss: Head,
     specs: tuple[dict[str, NamedSharding], dict[str, NamedSharding]],
+    table: tuple[str, int],
+    vocab: int,
 ) -> tuple[jax.Array, jax.Array, Params, Params]:
     """One stage's part of the 1F1B schedule: `xs` [M, rows, seq, d_model] the micro-batches,
-    `weights` this stage's chunks [R, 1, per_chunk, ...], `head` the head's weights, `ts` the
-    targets [M, rows, seq]. Returns the loss (summed over the stages: the last one's), the
-    gradients of `xs` ([1, M, ...]: the first stage's), of the chunks ([R, 1, ...]) and of the
-    head (summed over the stages)."""
+    `weights` this stage's chunks [R, 1, per_chunk, ...], `head` the head's weights (this
+    stage's slice of the `table`), `ts` the targets [M, rows, seq]. Returns the loss (the last
+    stage's), the gradients of `xs` ([1, M, ...]: the first stage's), of the chunks
+    ([R, 1, ...]) and of the head (the table's slice; the rest summed over the stages)."""
     S, R, M, axis = st.stages, st.repeats, st.microbatches, st.axis
     dtype, (wspecs, hspecs) = xs.dtype, specs
     stage = jax.lax.axis_index(axis)
@@ -163,12 +181,16 @@ def _schedule(
         (dx, acc), _ = jax.lax.scan(one, (dy, acc), (kept, jnp.arange(st.per_chunk)), reverse=True)
         return dx, acc
 
-    def head_slot(y: jax.Array, micro: jax.Array, mine: jax.Array) -> Any:
-        value, pull = jax.vjp(lambda y, h: loss(y, h, _get(ts, micro)), y, head)
-        dy, dh = pull(jnp.where(mine, 1.0 / M, 0.0).astype(value.dtype))
-        return jnp.where(mine, value, 0.0), dy, dh
+    split = VocabSplit(axis, stage * head[table[0]].shape[table[1]], vocab)
 
-    def no_head(y: jax.Array, micro: jax.Array, mine: jax.Array) -> Any:
+    def head_slot(y: jax.Array, micro: jax.Array, ends: jax.Array) -> Any:
+        # float32 sums: XLA:CPU's all-reduce promotion refuses a bfloat16 one
+        y = _sum(y * (stage == S - 1).astype(y.dtype), axis)
+        value, pull = jax.vjp(lambda y, h: loss(y, h, _get(ts, micro), split), y, head)
+        dy, dh = pull(jnp.where(ends, 1.0 / M, 0.0).astype(value.dtype))
+        return jnp.where(ends & (stage == S - 1), value, 0.0), _sum(dy, axis), dh
+
+    def no_head(y: jax.Array, micro: jax.Array, ends: jax.Array) -> Any:
         zeros = {k: jnp.zeros(v.shape, v.dtype) for k, v in head.items()}
         return jnp.zeros((), jnp.float32), jnp.zeros(y.shape, y.dtype), zeros
 
@@ -179,18 +201,17 @@ def _schedule(
         f, b, ends = row
         dy_head = None
         if fwd:
-            runs, micro, r, slot = (f[stage, j] for j in range(4))
-            runs = runs == 1
+            _, micro, r, slot = (f[stage, j] for j in range(4))
             first = (stage == 0) & (r == 0)
             x = jnp.where(first, _get(xs, micro), c["from_before"])
             y, kept = run_chunk(x, r)
             c["kept"] = _put(c["kept"], kept, slot)
-            mine = runs & (stage == S - 1) & (r == R - 1)
-            if heads != "none":
+            if heads != "none":  # the last stage's micro-batch, alike on every stage
+                last = f[S - 1, 1]
                 if heads == "always":
-                    value, dy_head, dh = head_slot(y, micro, mine)
-                else:  # only the ticks that end one, alike on every stage
-                    value, dy_head, dh = jax.lax.cond(ends, head_slot, no_head, y, micro, mine)
+                    value, dy_head, dh = head_slot(y, last, ends)
+                else:  # only the ticks that end one
+                    value, dy_head, dh = jax.lax.cond(ends, head_slot, no_head, y, last, ends)
                 c["loss"] = c["loss"] + value
                 c["dhead"] = {
                     k: _constrain(c["dhead"][k] + dh[k].astype(jnp.float32), hspecs[k])
@@ -241,7 +262,10 @@ def _schedule(
             carry, _ = jax.lax.scan(loop, carry, part)
         start += ticks
     total = jax.lax.psum(carry["loss"], axis) / M
-    dhead = {k: jax.lax.psum(g, axis).astype(head[k].dtype) for k, g in carry["dhead"].items()}
+    dhead = {
+        k: (g if k == table[0] else jax.lax.psum(g, axis)).astype(head[k].dtype)
+        for k, g in carry["dhead"].items()
+    }
     dweights = {k: g[:, None].astype(weights[k].dtype) for k, g in carry["acc"].items()}
     return total, carry["dxs"][None], dweights, dhead
 
@@ -271,6 +295,10 @@ def _add(acc: jax.Array, g: jax.Array, at: tuple[jax.Array, ...], sharding: Any)
     old = jax.lax.dynamic_slice(acc, index, size)
     new = old + g.astype(jnp.float32).reshape(size)
     return _constrain(jax.lax.dynamic_update_slice(acc, new, index), sharding)
+
+
+def _sum(a: jax.Array, axis: str) -> jax.Array:
+    return jax.lax.psum(a.astype(jnp.float32), axis).astype(a.dtype)
 
 
 def _get(a: jax.Array, i: jax.Array) -> jax.Array:

@@ -30,7 +30,7 @@ from .attention import attention, rotary, rotate
 from .context import reordered, token_positions
 from .kernels import traced_for
 from .layout import Roles, check_fit, param_shapes, regathered, roles
-from .loss import cross_entropy_loss
+from .loss import VocabSplit, cross_entropy_loss
 from .mla import latent_qkv
 from .mla import rms_norm as _rms_norm
 from .moe import moe_mlp
@@ -227,9 +227,11 @@ class Step:
         )
         return self._head(x, params, batch["targets"])
 
-    def _head(self, x: jax.Array, params: Params, targets: jax.Array) -> jax.Array:
-        """The loss of the final hidden states `x`: the final norm, the logits (the tied
-        table's or the unembedding's), the mean cross-entropy against `targets`."""
+    def _head(
+        self, x: jax.Array, params: Params, targets: jax.Array, split: VocabSplit | None = None
+    ) -> jax.Array:
+        """The loss of the final hidden states `x`: the final norm, the logits (the tied table's
+        or the unembedding's; `split`: this device's columns), the mean cross-entropy."""
         x = _rms_norm(x, params["final_norm"])
         unembed = params["embed"].T if self.model.tied_embeddings else params["unembed"]
         return cross_entropy_loss(
@@ -242,6 +244,7 @@ class Step:
                 self.spec((None, "batch", "seq", None)),
                 self.spec((None, "batch", "seq")),
             ),
+            split=split,
         )
 
     def _one_f_one_b(
@@ -252,14 +255,10 @@ class Step:
         (pipeline_1f1b.py), the head with a stage's roles."""
         st, stage = self.stages, self._stage
         assert st is not None
-        x = leading(
-            partial(self._checkpointed, self.spec(("batch", "seq", "hidden"))),
-            x,
-            params,
-            model=self.model,
-            stages=st,
-        )
-        head_names = ("final_norm", "embed" if self.model.tied_embeddings else "unembed")
+        layer = partial(self._checkpointed, self.spec(("batch", "seq", "hidden")))
+        x = leading(layer, x, params, model=self.model, stages=st)
+        table = ("embed", 0) if self.model.tied_embeddings else ("unembed", 1)
+        head_names = ("final_norm", table[0])
         weights = staged(params)
         sh = self.param_shardings
         return pipelined_loss(
@@ -272,6 +271,7 @@ class Step:
             act=stage_act,
             layer=partial(stage._layer, act=stage_act, window=self._stage_window),
             loss=stage._head,
+            table=table,
             shardings=(
                 {k: sh[STAGED + k] for k in weights},
                 {k: sh[k] for k in head_names},

@@ -149,17 +149,20 @@ def test_the_1f1b_step_compiles_below_gpipes_memory(repeats):
     assert gpipe.train is not None and gpipe.train.pipeline_schedule == "gpipe"
     assert ours.assigned_bytes is not None and gpipe.assigned_bytes is not None
     assert ours.assigned_bytes < gpipe.assigned_bytes, (ours.assigned_bytes, gpipe.assigned_bytes)
-    # the cost model's 1F1B (cost/pipeline/memory.py): its memory within 20% of the program's
-    # (measured 0.95 and 0.98 of 10.09 and 9.45 GB); its step GPipe's with the head on every
-    # micro-batch of the replica's rows (cost/pipeline/time.py `head_runs`), its FLOPs the
-    # program's where every stage computes the head (R = 1; at R > 1 the last stage alone,
-    # in a conditional the FLOP count takes on every tick)
+    # the cost model's 1F1B (cost/pipeline/memory.py): its memory within 20% of the program's;
+    # its step GPipe's work, the head on a stage's slice of the vocabulary, plus the head's
+    # sums over the pipeline axis: within 10% of GPipe's. Its FLOPs against GPipe's as the
+    # programs' (both leave out the splash kernel, a custom call XLA's count cannot see:
+    # compiler/flops.py), at R = 1 (at R > 1 the head runs in a conditional, which the count
+    # takes on every tick); with every stage running the whole head it was 1.5 times GPipe's.
     est = estimate(plan, model, replace(train, pipeline_schedule="1f1b"))
     assert 0.8 <= est.memory_bytes / ours.total_bytes <= 1.2, est.memory
     plain = estimate(plan, model, train)
-    assert est.step_seconds > plain.step_seconds
+    assert 1.0 < est.step_seconds / plain.step_seconds <= 1.1
     if repeats == 1:
-        assert ours.flops is not None and 0.9 <= est.flops / ours.flops <= 1.1, ours.flops
+        assert ours.flops is not None and gpipe.flops is not None
+        programs = ours.flops / gpipe.flops
+        assert est.flops / plain.flops == pytest.approx(programs, rel=0.05), programs
 
 
 @pytest.mark.compile

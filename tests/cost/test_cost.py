@@ -220,6 +220,14 @@ def test_a_batch_smaller_than_every_data_parallel_degree():
         choose_mesh("tpu-v5p-16", SMALL, TrainSpec(global_batch=1), axes=("data", "fsdp"))
 
 
+def test_a_model_is_given_by_name_or_shape():
+    plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v5p-16"))
+    train = TrainSpec(global_batch=8)
+    assert estimate(plan, "tiny", train) == estimate(plan, ModelSpec.from_name("tiny"), train)
+    with pytest.raises(MeshConfigError, match="llama-nine"):
+        estimate(plan, "llama-nine", train)
+
+
 def test_missing_catalogue_facts_are_named():
     plan = MeshConfig.from_preset("fsdp").plan(simulate_devices("tpu-v2-32"))
     with pytest.raises(MeshConfigError, match="the catalogue has no ici_link_bandwidth for it"):

@@ -1,9 +1,10 @@
 """The pipelined step's FLOPs, estimated against the program's on 8 CPU devices (every loop
 trip counted: compiler/flops.py): GPipe runs the head after its stages on a device's rows split
-over the pipeline axis, 1F1B on every micro-batch of the replica's rows in the last stage's
-tick (at R = 1 every stage computes it), so S times GPipe's (cost/pipeline/time.py `head_runs`).
-A 32k vocabulary over d_model 256 makes the head most of the work, so a head counted once
-would leave 1F1B's estimate at 0.59 and 0.36 of its program."""
+over the pipeline axis, 1F1B on every micro-batch of the replica's rows in the tick the last
+stage ends it, each stage on its slice of the vocabulary (workload/pipeline_1f1b.py): the same
+work. A 32k vocabulary over d_model 256 makes the head most of the work, so a 1F1B step whose
+stages each ran the whole head would be S times it (the program's count was so before the
+vocabulary was cut)."""
 
 from __future__ import annotations
 

@@ -144,6 +144,8 @@ def test_a_stage_split_over_tensor_or_sequence_trains_like_one_device(single, in
             (2, 4),
             {"batch": 16, "pipeline_microbatches": 4, "pipeline_layers": 4, **ONE_F_ONE_B},
         ),
+        # the head's table padded to a multiple of the stages (pipeline_1f1b.py)
+        (replace(DENSE4, vocab_size=510), (4, 2), {"batch": 16, **ONE_F_ONE_B}),
     ],
     ids=[
         "gpipe-circular",
@@ -152,6 +154,7 @@ def test_a_stage_split_over_tensor_or_sequence_trains_like_one_device(single, in
         "1f1b-4x2-interleaved-8-micro",
         "moe-1f1b-4x2-interleaved-8-micro",
         "moe-1f1b-after-dense",
+        "1f1b-vocabulary-the-stages-do-not-divide",
     ],
 )
 def test_the_pipelined_gradients_are_one_devices(single, model, shape, fields):

@@ -196,8 +196,8 @@ def _schedule_saves(
     staged: Choice | None, model: ModelSpec, facts: Mapping[str, str | float] | None
 ) -> tuple[int, int] | None:
     """Where the fastest pipelined mesh runs 1F1B: its peak memory and GPipe's at the same
-    recipe (what the schedule saves; its step is GPipe's with the head on the schedule's
-    critical path: cost/pipeline/time.py `head_runs`)."""
+    recipe (what the schedule saves; its step is GPipe's with the head's sums over the
+    pipeline axis: cost/pipeline/traffic.py `_head`)."""
     if staged is None or staged.train.pipeline_schedule != "1f1b":
         return None
     gpipe = replace(staged.train, pipeline_schedule="gpipe")

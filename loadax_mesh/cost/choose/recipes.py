@@ -359,9 +359,10 @@ def fitting_recipes(
 
 def _best(found: Recipe | None, fewest: int) -> bool:
     """Whether a GPipe recipe under full remat leaves 1F1B nothing to win: it fits within the
-    headroom at the fewest micro-batches searched. 1F1B's step is that recipe's or slower (its
-    head on the critical path: cost/pipeline/time.py `head_runs`), so it can win only by
-    fitting where GPipe does not, or with fewer micro-batches."""
+    headroom at the fewest micro-batches searched. 1F1B's step is that recipe's work and more
+    bytes on the pipeline axis (its head's float32 sums where GPipe moves its results in the
+    compute dtype: cost/pipeline/traffic.py `_head`), so it can win only by fitting where GPipe
+    does not, or with fewer micro-batches."""
     return found is not None and not found.beyond and found.train.microbatches == fewest
 
 

@@ -18,7 +18,7 @@ from ..parts.cache import without_pipeline
 from ..parts.flops import layer_flops, step_flops
 from ..parts.shapes import Shapes, shard_bytes
 from ..timing.memory_bound import update_bytes
-from ..timing.step import Compute, StepTime, head_time, step_time
+from ..timing.step import Compute, StepTime, step_time
 from .stages import data_roles, moe_stages, shard_elements, stage_passes, stage_train
 
 
@@ -38,11 +38,11 @@ def pipeline_flops(
     layer, again = layer_flops(model, ts, r, grouped=grouped, moe=st.stack == "moe_layers")
     outside = Shapes.of(model, train, rd).tokens
     inside = Shapes.of(model, train, r).tokens * stage_passes(st)
-    m, heads = r.size("model"), outside * head_runs(st)
-    flops = outside * (st.lead_dense * dense + st.lead_moe * moe) + heads * head * (3 + chunked)
+    m = r.size("model")  # 1F1B's head: every micro-batch on a stage's slice of the vocabulary
+    flops = outside * (st.lead_dense * dense + st.lead_moe * moe + head * (3 + chunked))
     flops += inside * layer
     recompute = outside * (st.lead_dense * dense_again + st.lead_moe * moe_again)
-    recompute += heads * head * chunked + inside * again
+    recompute += outside * head * chunked + inside * again
     return flops / m, model_flops, recompute / m
 
 
@@ -107,21 +107,7 @@ def pipeline_work(
     params = shard_elements(model, st, r, 1, None) - whole
     update = params * update_bytes(train) / facts.need("hbm_bandwidth")
     # a stage's layer terms alone are the stage priced less the same step with no layer passes
-    work = outer.work + stage.work - bare.work + Compute(0.0, 0.0, update, 0.0)
-    for _ in range(head_runs(st) - 1):  # the head again on the rows of the other stages
-        work += head_time(model, _timed(train), rd, facts, efficiency=efficiency,
-                          intensity=intensity)  # fmt: skip
-    return work
-
-
-def head_runs(st: Stages) -> int:
-    """How many times its own rows' worth of the head a device's step waits for: once under
-    GPipe (after the stages, on the rows split over the pipeline axis); S times under 1F1B,
-    whose last stage computes each micro-batch's head in the tick its forward ends while the
-    other stages wait for it at the tick's permute, so that the replica's rows pass the head
-    on the schedule's critical path (at R = 1 every stage computes it: workload/pipeline_1f1b.py
-    runs the head there unconditionally)."""
-    return st.stages if st.schedule == "1f1b" else 1
+    return outer.work + stage.work - bare.work + Compute(0.0, 0.0, update, 0.0)
 
 
 @lru_cache(maxsize=8192)

@@ -7,9 +7,8 @@ and sequence axes carry a plain layer's activation collectives on each of a stag
 passes (a pipeline micro-batch's rows each), and the lead layers' and the head's on the rows of
 the step's layout; the sequence axis shards the weights as FSDP does. The pipeline axis
 carries the stage-to-stage activations (exposed: on the schedule's critical path), the
-micro-batches gathered to every stage and their gradients summed, the last stage's results
-taken back to the step's layout, the lookup's gradient rows, and the gradients of what it
-replicates.
+micro-batches gathered to every stage and their gradients summed, the head's inputs and their
+gradients (`_head`), the lookup's gradient rows, and the gradients of what it replicates.
 """
 
 from __future__ import annotations
@@ -150,7 +149,7 @@ def _between_stages(
         model.d_model,
         r.size("model"),
     )
-    p = st.axis
+    p, chunked = st.axis, train.logits_chunks > 1
     sh, stage = Shapes.of(model, train, r), Shapes.of(model, stage_train(train, st), r)
     # A replica's activations on this device, one slice, their hidden dim cut over the tensor
     # axis (the lookup's gradient is gathered whole over it first: parts/traffic.py); one
@@ -165,13 +164,36 @@ def _between_stages(
                    2 * st.iterations * mb, False),
         Collective(p, "all-gather", "micro-batches to every stage", rows * cd, mb, False),
         Collective(p, "all-reduce", "micro-batch gradients over stages", rows * 4, mb, False),
-        Collective(p, "all-to-all", "last stage's results to the step's layout", rows * cd, mb,
-                   False),
-        Collective(p, "collective-permute", "their gradient to the last stage", rows * cd, mb,
-                   False),
+        *_head(st, rows * cd, micro // cd * 4, stage.micro_rows * stage.seq, mb, chunked),
         Collective(p, "all-gather", "lookup gradient rows", rows * m * cd, mb, False),
         Collective(p, "all-reduce", "unembedding, norm and lead layer gradients",
                    outside - table, mb, True),
+    ]  # fmt: skip
+
+
+def _head(
+    st: Stages, results: int, micro: int, tokens: int, mb: int, chunked: bool
+) -> list[Collective]:
+    """How the head reaches the pipeline's output. GPipe's: the last stage's `results` taken
+    back to the step's layout after the stages, their gradient sent back. 1F1B's, on each of
+    its M micro-batches: the last stage's output summed to every stage (`micro` bytes in
+    float32) and its gradient summed back, the cross-entropy's maxima, sums and target logits
+    over the vocabulary's cut (float32 over the micro-batch's `tokens`; again in the backward
+    where the logits are chunked: workload/loss.py)."""
+    p = st.axis
+    if st.schedule == "gpipe":
+        return [
+            Collective(p, "all-to-all", "last stage's results to the step's layout", results,
+                       mb, False),
+            Collective(p, "collective-permute", "their gradient to the last stage", results,
+                       mb, False),
+        ]  # fmt: skip
+    runs = st.microbatches * mb
+    return [
+        Collective(p, "all-reduce", "last stage's output to every stage", micro, runs, False),
+        Collective(p, "all-reduce", "its gradient back to the last stage", micro, runs, False),
+        Collective(p, "all-reduce", "cross-entropy over the vocabulary's cut", 4 * tokens,
+                   3 * (1 + chunked) * runs, False),
     ]  # fmt: skip
 
 
