@@ -129,11 +129,10 @@ def estimate(
         where a fact it needs has no source (`assumes`).
 
     Raises:
-        MeshConfigError: a model name the catalogue does not know, hardware it does not
-            know, a fact it lacks that the
-            estimate cannot answer on a condition, a bad `facts` entry, a model, batch or
-            recipe that does not divide over the plan's axes, or offloaded tensors beside
-            pipeline stages (not priced yet).
+        MeshConfigError: a model name or hardware the catalogue does not know, a fact it
+            lacks that the estimate cannot answer on a condition, a bad `facts` entry, a
+            model, batch or recipe that does not divide over the plan's axes, or offloaded
+            tensors beside pipeline stages (not priced yet).
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     r, factors, efficiency, device = plan_parts(plan, facts)

@@ -49,9 +49,7 @@ def cross_entropy_loss(
     sequence splits locally, with no communication; `chunk_sharding` gives the shardings of
     the chunked hidden states [chunks, batch, seq/chunks, d] and targets. With `split`,
     `unembed` is this device's columns [d, vocab / axis size]."""
-    ce: Any = cross_entropy
-    if split is not None:
-        ce = partial(split_cross_entropy, offset=split.offset, axis=split.axis, vocab=split.vocab)
+    ce: Any = cross_entropy if split is None else partial(split_cross_entropy, split=split)
     if chunks == 1:
         logits = jnp.einsum("bsd,dv->bsv", x, unembed)
         logits = jax.lax.with_sharding_constraint(logits, logits_sharding)
@@ -105,12 +103,10 @@ def _split(logits: jax.Array, targets: jax.Array, offset: jax.Array, axis: str, 
     return _split_fwd(logits, targets, offset, axis, vocab)[0]
 
 
-def split_cross_entropy(
-    logits: jax.Array, targets: jax.Array, *, offset: jax.Array, axis: str, vocab: int
-) -> jax.Array:
-    """`cross_entropy` of logits cut over `axis` by vocabulary (`VocabSplit`): every device
-    gets every token's loss."""
-    return _split(logits, targets, offset, axis, vocab)
+def split_cross_entropy(logits: jax.Array, targets: jax.Array, *, split: VocabSplit) -> jax.Array:
+    """`cross_entropy` of this device's columns of the logits (`split`): every device gets
+    every token's loss."""
+    return _split(logits, targets, split.offset, split.axis, split.vocab)
 
 
 def _split_fwd(

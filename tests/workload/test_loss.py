@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from loadax_mesh.workload.loss import cross_entropy, split_cross_entropy
+from loadax_mesh.workload.loss import VocabSplit, cross_entropy, split_cross_entropy
 
 
 @pytest.mark.parametrize(("devices", "vocab"), [(2, 10), (4, 10), (8, 5)])
@@ -30,7 +30,8 @@ def test_a_vocabulary_cut_over_devices_gives_the_whole_logits_loss_and_gradients
     def mine(x, table):
         offset = jax.lax.axis_index("v") * width
         logits = jnp.einsum("bsd,dv->bsv", x, table)
-        return jnp.mean(split_cross_entropy(logits, targets, offset=offset, axis="v", vocab=vocab))
+        split = VocabSplit("v", offset, vocab)
+        return jnp.mean(split_cross_entropy(logits, targets, split=split))
 
     def cut(x, table):
         loss, (dx, dtable) = jax.value_and_grad(mine, argnums=(0, 1))(x, table)

@@ -126,6 +126,7 @@ def _one_f_one_b(
     head over the whole rows."""
     per_item = item * (st.per_chunk if st.remat == "layer" else 1)
     kept = in_flight(st.stages, st.repeats, st.microbatches) * per_item
+    table = terms["embeddings"] // 2  # the gathered table; its gradient the other half
     return {
         "activations": kept + lead,
         "chunk residuals": per_item,
@@ -135,8 +136,7 @@ def _one_f_one_b(
         # of "embeddings" whole: tpu-v5p-128's 1F1B program saved 0.70 GB when the vocabulary
         # was cut four ways, where cutting both halves would save 0.99 (which buffer keeps the
         # gradient whole is not identified; docs/notes/2026-12-07-1f1b-head.md).
-        "kept logits": -(-(head + terms["embeddings"] // 2) // st.stages)
-        + terms["embeddings"] // 2,
+        "kept logits": -(-(head + table) // st.stages) + table,
     }
 
 
